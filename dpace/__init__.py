@@ -1,0 +1,17 @@
+"""dpace: reproduce and extend D-PACE (arXiv 2605.18810) for DFlash-style block drafters.
+
+One module per concern; none of them knows about Snakemake:
+
+- ``objectives``   every training loss of the paper (and extensions) as ``block_loss``
+- ``drafter``      SpecForge DFlash draft models and the objective-aware training wrapper
+- ``data``         benchmark prompts and ShareGPT training prompts (hub or local mirror)
+- ``targets``      loading target LLMs (embedded SmolLM2, tiny random smoke target, hub ids)
+- ``generation``   target-response generation (transformers on CPU, SGLang on GPU)
+- ``features``     cached target hidden states for drafter training
+- ``training``     the drafter training loop
+- ``decoding``     speculative and autoregressive decoding with per-block records
+- ``evaluation``   tau / speedup on the six benchmarks
+- ``tables``, ``figures``  rendering the paper's tables and figures from a tidy metrics CSV
+"""
+
+__version__ = "0.1.0"
