@@ -1,0 +1,30 @@
+# dpace: reproduce D-PACE (arXiv 2605.18810) as a cacheable DAG.
+#   snakemake --cores all results/table_main.tex        the paper's Table 1 on the configured target
+#   snakemake --cores all all                           every configured table and figure
+# Config: config.yaml (embedded CPU default); --configfile workflow/configs/paper.yaml for the paper.
+
+from snakemake.utils import min_version, validate
+
+min_version("9.0")
+
+
+configfile: "config.yaml"
+
+
+validate(config, "workflow/schemas/config.schema.yaml")
+
+
+include: "workflow/rules/common.smk"
+include: "workflow/rules/data.smk"
+include: "workflow/rules/target.smk"
+include: "workflow/rules/generate.smk"
+include: "workflow/rules/features.smk"
+include: "workflow/rules/train.smk"
+include: "workflow/rules/evaluate.smk"
+include: "workflow/rules/report.smk"
+
+
+rule all:
+    input:
+        report_targets(),
+    default_target: True

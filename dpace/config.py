@@ -1,0 +1,182 @@
+"""The experiment registry: named drafter variants expanded from the config, and the checks that
+a JSON schema cannot express (gamma defaults per block size, layer ranges, objective names).
+
+A variant's id is derived from what it trains (objective, hyperparameters, depth, block size,
+normalisation, epochs), never from which experiment asked for it, so two experiments that need
+the same drafter share one training job and one evaluation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass, field
+
+from dpace.data import BENCHMARKS
+from dpace.objectives import OBJECTIVES, canonical_objective, resolve_hparams
+
+GROUPS = ("main", "cross_model", "ablation", "smoothing", "block_size", "target_prob", "extras", "normalization")
+
+
+class ConfigError(ValueError):
+    """A configuration value that cannot work; the message names the key."""
+
+
+@dataclass(frozen=True)
+class Variant:
+    target: str
+    objective: str
+    depth: int
+    block_size: int
+    hparams: tuple  # sorted (name, value) pairs after defaults are filled in
+    normalize: str | None
+    epochs: int
+
+    @property
+    def id(self) -> str:
+        parts = [self.objective]
+        parts += [f"{name}{value:g}" if isinstance(value, float) else f"{name}{value}" for name, value in self.hparams]
+        parts += [f"d{self.depth}", f"b{self.block_size}"]
+        if self.normalize:
+            parts.append(f"n{self.normalize}")
+        parts.append(f"e{self.epochs}")
+        return "-".join(parts)
+
+    def train_settings(self) -> dict:
+        return {
+            "objective": self.objective,
+            "objective_hparams": dict(self.hparams),
+            "normalize": self.normalize,
+            "depth": self.depth,
+            "block_size": self.block_size,
+            "epochs": self.epochs,
+        }
+
+
+@dataclass
+class Experiment:
+    """One group's variants, and which of their epochs are evaluated on which suite."""
+
+    group: str
+    variants: list[Variant] = field(default_factory=list)
+    every_epoch: bool = False  # the ablation trajectory evaluates every epoch on MATH-500
+
+
+def _variant(config: dict, target: str, objective: str, *, depth=None, block_size=None, epochs=None,
+             normalize=None, hparams=None, where: str) -> Variant:
+    train = config["train"]
+    block_size = block_size or train["block_size"]
+    try:
+        objective = canonical_objective(objective)
+        given = dict(train.get("objective_hparams", {}).get(objective, {}))
+        given.update(hparams or {})
+        resolved = resolve_hparams(objective, block_size, **given)
+    except ValueError as error:
+        raise ConfigError(f"{where}: {error}") from None
+    return Variant(
+        target=target,
+        objective=objective,
+        depth=int(depth or train["depth"]),
+        block_size=int(block_size),
+        hparams=tuple(sorted(resolved.items())),
+        normalize=normalize,
+        epochs=int(epochs or train["epochs"]),
+    )
+
+
+def experiments(config: dict) -> dict[str, Experiment]:
+    """Expand ``config["experiments"]`` into the variants of every group that is configured."""
+    main_target = config["main_target"]
+    spec = config.get("experiments", {})
+    out: dict[str, Experiment] = {}
+
+    if "main" in spec:
+        e = spec["main"]
+        out["main"] = Experiment("main", [
+            _variant(config, main_target, objective, depth=depth, where="experiments.main.objectives")
+            for depth in e.get("depths", [config["train"]["depth"]])
+            for objective in e["objectives"]
+        ])
+    if "cross_model" in spec:
+        e = spec["cross_model"]
+        variants = []
+        for entry in e["targets"]:
+            for objective in e.get("objectives", ["dflash", "dpace"]):
+                variants.append(_variant(config, entry["target"], objective, depth=entry.get("depth"),
+                                         block_size=entry.get("block_size"), where="experiments.cross_model"))
+        out["cross_model"] = Experiment("cross_model", variants)
+    if "ablation" in spec:
+        e = spec["ablation"]
+        out["ablation"] = Experiment("ablation", [
+            _variant(config, main_target, objective, epochs=e.get("epochs"), where="experiments.ablation")
+            for objective in e.get("objectives", ["dflash", "dpace-continuation", "dpace-cumulative", "dpace"])
+        ], every_epoch=True)
+    if "smoothing" in spec:
+        e = spec["smoothing"]
+        variants = []
+        for entry in e.get("configs", [{"target": main_target}]):
+            block = entry.get("block_size")
+            variants.append(_variant(config, entry["target"], "dflash", block_size=block, where="experiments.smoothing"))
+            variants += [
+                _variant(config, entry["target"], "dpace", block_size=block, hparams={"alpha": float(a)},
+                         where="experiments.smoothing.alphas")
+                for a in e["alphas"]
+            ]
+        out["smoothing"] = Experiment("smoothing", variants)
+    if "block_size" in spec:
+        e = spec["block_size"]
+        out["block_size"] = Experiment("block_size", [
+            _variant(config, main_target, objective, block_size=int(b), where="experiments.block_size.block_sizes")
+            for b in e["block_sizes"]
+            for objective in ("dflash", "dpace")
+        ])
+    if "target_prob" in spec:
+        out["target_prob"] = Experiment("target_prob", [
+            _variant(config, main_target, objective, where="experiments.target_prob")
+            for objective in ("dflash", "dpace-target-prob", "dpace")
+        ])
+    if "extras" in spec:
+        e = spec["extras"]
+        out["extras"] = Experiment("extras", [
+            _variant(config, main_target, objective, where="experiments.extras.objectives")
+            for objective in e.get("objectives", ["dflash", "dpace", "dpakl", "pard2-cat"])
+        ])
+    if "normalization" in spec:
+        e = spec["normalization"]
+        out["normalization"] = Experiment("normalization", [
+            _variant(config, main_target, "dpace", normalize=mode, where="experiments.normalization.modes")
+            for mode in e.get("modes", ["batch", "anchor", "weight", "token"])
+        ])
+    return out
+
+
+def all_variants(config: dict) -> dict[tuple[str, str], Variant]:
+    """Every distinct (target, variant id) across groups."""
+    found = {}
+    for experiment in experiments(config).values():
+        for variant in experiment.variants:
+            found[(variant.target, variant.id)] = variant
+    return found
+
+
+def check_config(config: dict) -> None:
+    """Checks beyond the schema; each failure names the key and what is allowed."""
+    if config["main_target"] not in config["targets"]:
+        raise ConfigError(f"main_target: {config['main_target']!r} is not one of targets {sorted(config['targets'])}")
+    for name in config["data"]["benchmarks"]:
+        if name not in BENCHMARKS:
+            raise ConfigError(f"data.benchmarks: unknown benchmark {name!r}; valid: {sorted(BENCHMARKS)}")
+    for name in config["train"].get("objective_hparams", {}):
+        if name not in OBJECTIVES:
+            raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(OBJECTIVES)}")
+    features = config["features"]
+    for target_name, target in config["targets"].items():
+        layers = target.get("num_layers")
+        ids = target.get("target_layer_ids") or features.get("target_layer_ids")
+        if layers is not None and ids is not None:
+            bad = [i for i in ids if not 0 <= i < layers]
+            if bad:
+                raise ConfigError(
+                    f"targets.{target_name}.target_layer_ids: {bad} outside the target's layers 0..{layers - 1}"
+                )
+    for variant in all_variants(config).values():
+        if variant.target not in config["targets"]:
+            raise ConfigError(f"experiments: target {variant.target!r} is not one of targets {sorted(config['targets'])}")

@@ -1,0 +1,145 @@
+"""Benchmark prompts and training prompts, from the Hugging Face hub or a local mirror.
+
+A mirror is a folder of jsonl files in the hub data sets' own row schemas
+(``benchmarks/<name>.jsonl``, ``train/<name>.jsonl``), so one formatter serves both sources.
+Prompts are formatted exactly as the DFlash benchmark formats them.
+"""
+
+from __future__ import annotations
+
+import random
+from collections.abc import Callable
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpace.io import atomic_write_jsonl, read_jsonl
+
+_REASON = "\nPlease reason step by step, and put your final answer within \\boxed{}."
+
+
+@dataclass(frozen=True)
+class Benchmark:
+    hub_args: tuple[str, ...]
+    split: str
+    required: tuple[str, ...]
+    turns: Callable[[dict], list[str]]
+
+
+def _alpaca(row: dict) -> list[str]:
+    if row.get("input"):
+        return [f"{row['instruction']}\n\nInput:\n{row['input']}"]
+    return [row["instruction"]]
+
+
+BENCHMARKS: dict[str, Benchmark] = {
+    "gsm8k": Benchmark(("openai/gsm8k", "main"), "test", ("question",), lambda r: [r["question"] + _REASON]),
+    "math500": Benchmark(("HuggingFaceH4/MATH-500",), "test", ("problem",), lambda r: [r["problem"] + _REASON]),
+    "humaneval": Benchmark(
+        ("openai/openai_humaneval",),
+        "test",
+        ("prompt",),
+        lambda r: [
+            "Write a solution to the following problem and make sure that it passes the tests:\n"
+            f"```python\n{r['prompt']}\n```"
+        ],
+    ),
+    "mbpp": Benchmark(("google-research-datasets/mbpp", "sanitized"), "test", ("prompt",), lambda r: [r["prompt"]]),
+    "mt_bench": Benchmark(("HuggingFaceH4/mt_bench_prompts",), "train", ("prompt",), lambda r: list(r["prompt"])),
+    "alpaca": Benchmark(("tatsu-lab/alpaca",), "train", ("instruction",), _alpaca),
+}
+
+TRAIN_SETS: dict[str, tuple[tuple[str, ...], str]] = {
+    "sharegpt": (("anon8231489123/ShareGPT_Vicuna_unfiltered",), "train"),
+    "codealpaca": (("sahil280114/codealpaca",), "train"),
+}
+
+
+def _load_rows(kind: str, name: str, hub_args: tuple[str, ...], split: str, mirror: str | None) -> list[dict]:
+    if mirror:
+        path = Path(mirror) / kind / f"{name}.jsonl"
+        if not path.exists():
+            raise FileNotFoundError(f"data mirror {mirror!r} has no {kind}/{name}.jsonl (expected {path})")
+        rows = list(read_jsonl(path))
+    else:
+        try:
+            import datasets
+
+            rows = list(datasets.load_dataset(*hub_args, split=split))
+        except Exception as error:  # network, auth or a missing data set: say which setting to change
+            raise RuntimeError(
+                f"could not load {'/'.join(hub_args)} from the Hugging Face hub ({type(error).__name__}: "
+                f"{error}); set data.mirror in the config to a local mirror folder (e.g. ../shared/data)"
+            ) from None
+    if not rows:
+        raise ValueError(f"{kind} data set {name!r} is empty")
+    return rows
+
+
+def benchmark_prompts(name: str, num_prompts: int, seed: int, mirror: str | None = None) -> list[dict]:
+    """``num_prompts`` rows ``{"id", "benchmark", "turns"}`` sampled with a fixed seed."""
+    if name not in BENCHMARKS:
+        raise ValueError(f"unknown benchmark {name!r}; valid: {sorted(BENCHMARKS)}")
+    spec = BENCHMARKS[name]
+    rows = _load_rows("benchmarks", name, spec.hub_args, spec.split, mirror)
+    for index, row in enumerate(rows):
+        missing = [key for key in spec.required if key not in row]
+        if missing:
+            raise ValueError(f"benchmark {name!r} row {index} lacks required field(s) {missing}")
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    chosen = sorted(order[: min(num_prompts, len(rows))])
+    return [{"id": f"{name}-{i}", "benchmark": name, "turns": spec.turns(rows[i])} for i in chosen]
+
+
+def _first_user_turn(row: dict) -> str | None:
+    """ShareGPT (``from``/``value``), OpenAI-style (``role``/``content``) or instruction rows."""
+    if "conversations" in row:
+        for turn in row["conversations"]:
+            speaker = turn.get("from", turn.get("role"))
+            if speaker in ("human", "user"):
+                return turn.get("value", turn.get("content"))
+        return None
+    if "instruction" in row:
+        return _alpaca(row)[0]
+    return None
+
+
+def training_prompts(
+    name: str, num_prompts: int, seed: int, mirror: str | None = None, max_chars: int | None = None
+) -> tuple[list[dict], dict]:
+    """The first user turn of ``num_prompts`` conversations, and counts of what was skipped."""
+    if name not in TRAIN_SETS:
+        raise ValueError(f"unknown training set {name!r}; valid: {sorted(TRAIN_SETS)}")
+    hub_args, split = TRAIN_SETS[name]
+    rows = _load_rows("train", name, hub_args, split, mirror)
+    order = list(range(len(rows)))
+    random.Random(seed).shuffle(order)
+    prompts, skipped = [], {"no_user_turn": 0, "too_long": 0}
+    for index in order:
+        text = _first_user_turn(rows[index])
+        if not text or not text.strip():
+            skipped["no_user_turn"] += 1
+            continue
+        if max_chars is not None and len(text) > max_chars:
+            skipped["too_long"] += 1  # skipped and counted, never silently truncated
+            continue
+        prompts.append({"id": str(rows[index].get("id", f"{name}-{index}")), "prompt": text})
+        if len(prompts) == num_prompts:
+            break
+    if not prompts:
+        raise ValueError(f"training set {name!r} gave no usable prompts")
+    return prompts, skipped
+
+
+def write_benchmark(name: str, out_path: str | Path, num_prompts: int, seed: int, mirror: str | None) -> int:
+    rows = benchmark_prompts(name, num_prompts, seed, mirror)
+    atomic_write_jsonl(out_path, rows)
+    return len(rows)
+
+
+def write_training_prompts(
+    name: str, out_path: str | Path, num_prompts: int, seed: int, mirror: str | None, max_chars: int | None
+) -> dict:
+    rows, skipped = training_prompts(name, num_prompts, seed, mirror, max_chars)
+    atomic_write_jsonl(out_path, rows)
+    return {"written": len(rows), **skipped}

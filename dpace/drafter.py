@@ -1,0 +1,118 @@
+"""DFlash draft models: build one for a target, save it, load it for decoding.
+
+Training uses SpecForge 0.2.0's ``DFlashDraftModel``; decoding uses the DFlash authors'
+``dflash.model.DFlashDraftModel``. Both share the same parameter names, so a checkpoint saved
+from the first loads into the second with ``from_pretrained``.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from transformers import PretrainedConfig, Qwen3Config
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
+    """SpecForge's ``build_target_layer_ids``: features spread from layer 1 to L-3."""
+    if num_features == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_features - 1)) for i in range(num_features)]
+
+
+def drafter_config(
+    target_config: PretrainedConfig,
+    *,
+    depth: int,
+    block_size: int,
+    target_layer_ids: list[int],
+    mask_token_id: int,
+) -> Qwen3Config:
+    """A Qwen3-style block drafter that shares the target's width, vocabulary and RoPE.
+
+    The drafter reads the target's token embeddings and LM head, so its hidden size and
+    vocabulary must equal the target's; its depth is the paper's "3L"/"5L".
+    """
+    if depth < 1:
+        raise ValueError(f"drafter depth must be >= 1, got {depth}")
+    if block_size < 2:
+        raise ValueError(f"block_size must be >= 2, got {block_size}")
+    num_target_layers = target_config.num_hidden_layers
+    bad = [i for i in target_layer_ids if not 0 <= i < num_target_layers]
+    if bad:
+        raise ValueError(
+            f"target_layer_ids {bad} are outside the target's layers 0..{num_target_layers - 1}"
+        )
+    hidden = target_config.hidden_size
+    heads = target_config.num_attention_heads
+    rope = getattr(target_config, "rope_parameters", None) or {"rope_type": "default", "rope_theta": 10000.0}
+    config = Qwen3Config(
+        vocab_size=target_config.vocab_size,
+        hidden_size=hidden,
+        intermediate_size=target_config.intermediate_size,
+        num_hidden_layers=depth,
+        num_attention_heads=heads,
+        num_key_value_heads=getattr(target_config, "num_key_value_heads", heads),
+        head_dim=getattr(target_config, "head_dim", None) or hidden // heads,
+        rms_norm_eps=target_config.rms_norm_eps,
+        max_position_embeddings=target_config.max_position_embeddings,
+        rope_parameters=dict(rope),
+        tie_word_embeddings=False,
+        attention_bias=False,
+        layer_types=["full_attention"] * depth,
+    )
+    config.num_target_layers = num_target_layers
+    config.block_size = block_size
+    config.dflash_config = {
+        "target_layer_ids": list(target_layer_ids),
+        "block_size": block_size,
+        "mask_token_id": int(mask_token_id),
+    }
+    config.architectures = ["DFlashDraftModel"]
+    return config
+
+
+def build_drafter(config: Qwen3Config, seed: int = 0):
+    """A freshly initialised SpecForge ``DFlashDraftModel`` (the training-side class)."""
+    from specforge.modeling.draft.dflash import DFlashDraftModel
+
+    config._attn_implementation = "sdpa"
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        return DFlashDraftModel(config).float()
+
+
+def save_drafter(model, path: str | Path) -> None:
+    """Save in the HF layout that ``dflash.model.DFlashDraftModel.from_pretrained`` reads."""
+    model.save_pretrained(str(path), safe_serialization=True)
+
+
+def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32):
+    """Load a checkpoint into the DFlash authors' decoding class; fail clearly if it is not one."""
+    from dflash.model import DFlashDraftModel
+
+    path = Path(path)
+    config_file = path / "config.json"
+    if not config_file.exists():
+        raise ValueError(f"{path} is not a DFlash drafter checkpoint: no config.json")
+    config = Qwen3Config.from_pretrained(str(path))
+    dflash_config = getattr(config, "dflash_config", None) or {}
+    missing = [k for k in ("target_layer_ids", "block_size", "mask_token_id") if k not in dflash_config]
+    if missing:
+        raise ValueError(f"{path} is not a DFlash drafter checkpoint: dflash_config lacks {missing}")
+    model = DFlashDraftModel.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
+    return model.eval()
+
+
+def check_drafter_matches_target(drafter_config_: PretrainedConfig, target_config: PretrainedConfig) -> None:
+    """A drafter reuses its target's embeddings and LM head: width and vocabulary must agree."""
+    for key in ("hidden_size", "vocab_size"):
+        ours, theirs = getattr(drafter_config_, key), getattr(target_config, key)
+        if ours != theirs:
+            raise ValueError(f"drafter {key}={ours} does not match the target's {key}={theirs}")
+    layer_ids = (getattr(drafter_config_, "dflash_config", None) or {}).get("target_layer_ids", [])
+    if any(i >= target_config.num_hidden_layers for i in layer_ids):
+        raise ValueError(
+            f"drafter target_layer_ids {layer_ids} exceed the target's {target_config.num_hidden_layers} layers"
+        )

@@ -1,0 +1,196 @@
+"""Target features for drafter training: token ids, assistant loss mask, and the target's hidden
+states at the drafter's ``target_layer_ids`` (plus its last hidden state, for objectives that need
+the target's distribution).
+
+Computed once per (target, dataset) and shared by every drafter trained on them, stored compactly
+(bf16 safetensors shards). For targets too large to cache, ``mode: online`` makes the trainer call
+``target_hidden_states`` per step instead, with the same tokenisation.
+"""
+
+from __future__ import annotations
+
+from dataclasses import dataclass
+from pathlib import Path
+
+import torch
+from safetensors.torch import load_file, save_file
+from tqdm import tqdm
+
+from dpace.drafter import default_target_layer_ids
+from dpace.io import atomic_write_json, read_jsonl
+from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+
+STORE_DTYPE = torch.bfloat16
+
+
+def tokenize_conversation(tokenizer, conversation: dict, end_token_id: int) -> tuple[list[int], list[int]]:
+    """Prompt ids + response ids + end token, and a loss mask that is 1 on the assistant's tokens.
+
+    Built from the same ``chat_prompt_ids`` the target was prompted with, so the response tokens
+    sit exactly where the target produced them.
+    """
+    turns = conversation.get("conversations") or []
+    user = next((t for t in turns if t.get("role") == "user"), None)
+    assistant = next((t for t in turns if t.get("role") == "assistant"), None)
+    if user is None or assistant is None:
+        raise ValueError(f"conversation {conversation.get('id')!r} has no user and assistant turn")
+    prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": user["content"]}])
+    response = tokenizer(assistant["content"], add_special_tokens=False)["input_ids"] + [end_token_id]
+    return prompt + response, [0] * len(prompt) + [1] * len(response)
+
+
+def target_hidden_states(target, input_ids, attention_mask, layer_ids: list[int], with_last: bool):
+    """Concatenated hidden states of ``layer_ids`` (DFlash's +1 offset: index 0 is the embeddings)
+    and, optionally, the final (post-norm) hidden state whose LM head gives the target's logits."""
+    output = target.model(input_ids=input_ids, attention_mask=attention_mask, output_hidden_states=True)
+    hidden = torch.cat([output.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    last = output.last_hidden_state if with_last else None
+    return hidden, last
+
+
+@dataclass
+class FeatureSet:
+    """All sequences of one (target, dataset), flattened; ``offsets`` delimit the sequences."""
+
+    input_ids: torch.Tensor  # [T] int32
+    loss_mask: torch.Tensor  # [T] uint8
+    offsets: torch.Tensor  # [N + 1] int64
+    hidden: torch.Tensor | None  # [T, len(layer_ids) * H] bf16 (None in online mode)
+    last_hidden: torch.Tensor | None  # [T, H] bf16
+    layer_ids: list[int]
+
+    def __len__(self) -> int:
+        return len(self.offsets) - 1
+
+    def sequence(self, index: int) -> dict:
+        start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+        item = {
+            "input_ids": self.input_ids[start:end].long(),
+            "loss_mask": self.loss_mask[start:end].float(),
+        }
+        if self.hidden is not None:
+            item["hidden"] = self.hidden[start:end]
+        if self.last_hidden is not None:
+            item["last_hidden"] = self.last_hidden[start:end]
+        return item
+
+
+def compute_features(
+    target_json: str | Path,
+    conversations_path: str | Path,
+    out_dir: str | Path,
+    *,
+    layer_ids: list[int] | None,
+    max_seq_length: int,
+    num_target_features: int = 3,
+    with_last_hidden: bool = True,
+    mode: str = "cached",
+    batch_size: int = 8,
+    shard_tokens: int = 2_000_000,
+    device: str = "cpu",
+) -> dict:
+    """Write ``out_dir/index.json`` and shards; returns counts. ``mode="online"`` stores only tokens."""
+    if mode not in ("cached", "online"):
+        raise ValueError(f"features.mode must be 'cached' or 'online', got {mode!r}")
+    target, tokenizer = load_target(target_json, device=device)
+    if layer_ids is None:
+        layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
+    bad = [i for i in layer_ids if not 0 <= i < target.config.num_hidden_layers]
+    if bad:
+        raise ValueError(f"target_layer_ids {bad} are outside the target's {target.config.num_hidden_layers} layers")
+    end_token = stop_token_ids(tokenizer)[0] if tokenizer.eos_token_id is None else tokenizer.eos_token_id
+    sequences, too_long = [], 0
+    for conversation in read_jsonl(conversations_path):
+        ids, mask = tokenize_conversation(tokenizer, conversation, end_token)
+        if len(ids) > max_seq_length:
+            too_long += 1  # skipped and counted, never silently truncated
+            continue
+        sequences.append((ids, mask))
+    if not sequences:
+        raise ValueError(f"{conversations_path}: no conversation fits max_seq_length={max_seq_length}")
+
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    shards, pending, pending_tokens = [], [], 0
+
+    def flush():
+        nonlocal pending, pending_tokens
+        if not pending:
+            return
+        lengths = torch.tensor([len(p["input_ids"]) for p in pending])
+        tensors = {
+            "input_ids": torch.cat([p["input_ids"] for p in pending]),
+            "loss_mask": torch.cat([p["loss_mask"] for p in pending]),
+            "offsets": torch.cat([torch.zeros(1, dtype=torch.long), lengths.cumsum(0)]),
+        }
+        for key in ("hidden", "last_hidden"):
+            if key in pending[0]:
+                tensors[key] = torch.cat([p[key] for p in pending]).contiguous()
+        name = f"shard-{len(shards):05d}.safetensors"
+        save_file(tensors, str(out_dir / name))
+        shards.append(name)
+        pending, pending_tokens = [], 0
+
+    for start in tqdm(range(0, len(sequences), batch_size), desc="features", unit="batch"):
+        batch = sequences[start : start + batch_size]
+        records = [
+            {"input_ids": torch.tensor(ids, dtype=torch.int32), "loss_mask": torch.tensor(mask, dtype=torch.uint8)}
+            for ids, mask in batch
+        ]
+        if mode == "cached":
+            width = max(len(ids) for ids, _ in batch)
+            input_ids = torch.zeros((len(batch), width), dtype=torch.long)
+            attention = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (ids, _) in enumerate(batch):
+                input_ids[i, : len(ids)] = torch.tensor(ids)
+                attention[i, : len(ids)] = 1
+            with torch.inference_mode():
+                hidden, last = target_hidden_states(
+                    target, input_ids.to(device), attention.to(device), layer_ids, with_last_hidden
+                )
+            for i, (ids, _) in enumerate(batch):
+                records[i]["hidden"] = hidden[i, : len(ids)].to("cpu", STORE_DTYPE)
+                if last is not None:
+                    records[i]["last_hidden"] = last[i, : len(ids)].to("cpu", STORE_DTYPE)
+        for record in records:
+            pending.append(record)
+            pending_tokens += len(record["input_ids"])
+        if pending_tokens >= shard_tokens:
+            flush()
+    flush()
+    index = {
+        "mode": mode,
+        "layer_ids": list(layer_ids),
+        "with_last_hidden": bool(with_last_hidden and mode == "cached"),
+        "hidden_size": target.config.hidden_size,
+        "shards": shards,
+        "num_sequences": len(sequences),
+        "num_tokens": sum(len(ids) for ids, _ in sequences),
+        "skipped_too_long": too_long,
+    }
+    atomic_write_json(out_dir / "index.json", index)
+    return index
+
+
+def load_features(features_dir: str | Path) -> FeatureSet:
+    import json
+
+    features_dir = Path(features_dir)
+    index = json.loads((features_dir / "index.json").read_text())
+    parts = [load_file(str(features_dir / name)) for name in index["shards"]]
+    offsets, total = [torch.zeros(1, dtype=torch.long)], 0
+    for part in parts:
+        offsets.append(part["offsets"][1:] + total)
+        total += int(part["offsets"][-1])
+
+    def cat(key):
+        return torch.cat([p[key] for p in parts]) if key in parts[0] else None
+
+    return FeatureSet(
+        input_ids=cat("input_ids"),
+        loss_mask=cat("loss_mask"),
+        offsets=torch.cat(offsets),
+        hidden=cat("hidden"),
+        last_hidden=cat("last_hidden"),
+        layer_ids=index["layer_ids"],
+    )

@@ -1,0 +1,139 @@
+"""Target-response generation: the target answers every training prompt itself.
+
+The output is SpecForge-style conversations jsonl, ``{"id", "conversations": [user, assistant]}``.
+Backends share one interface, ``generate_responses(...)``:
+
+- ``transformers`` (CPU or one GPU): left-padded batched ``generate`` with a KV cache, prompts
+  sorted by length so a batch wastes little padding.
+- ``sglang`` (GPUs): SGLang's offline ``Engine``; imported only when chosen.
+
+Generation is resumable: each finished prompt is appended (and flushed) to a scratch file outside
+the job's declared outputs (Snakemake deletes those when a job fails), a rerun skips the ids already
+there, and the final file is written atomically in the prompts' order.
+"""
+
+from __future__ import annotations
+
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dpace.io import JsonlAppender, atomic_write_jsonl, read_jsonl, read_partial_jsonl
+from dpace.targets import chat_prompt_ids, load_target, load_tokenizer, stop_token_ids
+
+
+def _conversation(row: dict, response: str) -> dict:
+    return {
+        "id": row["id"],
+        "conversations": [
+            {"role": "user", "content": row["prompt"]},
+            {"role": "assistant", "content": response},
+        ],
+    }
+
+
+def _tokenized_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int) -> tuple[list, int]:
+    kept, too_long = [], 0
+    for row in rows:
+        ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": row["prompt"]}])
+        if len(ids) > max_prompt_tokens:
+            too_long += 1  # skipped and counted, never silently truncated
+            continue
+        kept.append((row, ids))
+    return kept, too_long
+
+
+def _generate_transformers(target_json, todo, out, *, max_new_tokens, temperature, batch_size, seed, device):
+    model, tokenizer = load_target(target_json, device=device)
+    stops = stop_token_ids(tokenizer)
+    pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
+    generator_seed = torch.Generator().manual_seed(seed)
+    # Longest first: the slowest batches start early and padding stays small within a batch.
+    todo = sorted(todo, key=lambda item: -len(item[1]))
+    with tqdm(total=len(todo), desc="responses", unit="prompt") as progress:
+        for start in range(0, len(todo), batch_size):
+            batch = todo[start : start + batch_size]
+            width = max(len(ids) for _, ids in batch)
+            input_ids = torch.full((len(batch), width), pad_id, dtype=torch.long)
+            attention = torch.zeros((len(batch), width), dtype=torch.long)
+            for i, (_, ids) in enumerate(batch):
+                input_ids[i, width - len(ids) :] = torch.tensor(ids)
+                attention[i, width - len(ids) :] = 1
+            sampling = {"do_sample": False}
+            if temperature > 0:
+                torch.manual_seed(int(torch.randint(0, 2**31 - 1, (1,), generator=generator_seed)))
+                sampling = {"do_sample": True, "temperature": temperature, "top_p": 1.0, "top_k": 0}
+            with torch.inference_mode():
+                output = model.generate(
+                    input_ids=input_ids.to(device),
+                    attention_mask=attention.to(device),
+                    max_new_tokens=max_new_tokens,
+                    eos_token_id=stops,
+                    pad_token_id=pad_id,
+                    use_cache=True,
+                    **sampling,
+                )
+            for (row, _), new_tokens in zip(batch, output[:, width:].tolist(), strict=True):
+                cut = next((i for i, t in enumerate(new_tokens) if t in stops), len(new_tokens))
+                out.write(_conversation(row, tokenizer.decode(new_tokens[:cut], skip_special_tokens=True)))
+            progress.update(len(batch))
+
+
+def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, batch_size, seed, device):
+    import sglang  # GPU-only extra: pip install -e .[gpu]
+
+    from dpace.targets import _resolve
+
+    path, trust = _resolve(target_json)
+    tokenizer = load_tokenizer(target_json)
+    engine = sglang.Engine(model_path=path, trust_remote_code=trust, random_seed=seed)
+    try:
+        sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens, "stop_token_ids": stop_token_ids(tokenizer)}
+        with tqdm(total=len(todo), desc="responses (sglang)", unit="prompt") as progress:
+            for start in range(0, len(todo), batch_size):
+                batch = todo[start : start + batch_size]
+                results = engine.generate(input_ids=[ids for _, ids in batch], sampling_params=sampling)
+                for (row, _), result in zip(batch, results, strict=True):
+                    out.write(_conversation(row, result["text"]))
+                progress.update(len(batch))
+    finally:
+        engine.shutdown()
+
+
+BACKENDS = {"transformers": _generate_transformers, "sglang": _generate_sglang}
+
+
+def generate_responses(
+    target_json: str | Path,
+    prompts_path: str | Path,
+    out_path: str | Path,
+    *,
+    backend: str = "transformers",
+    max_new_tokens: int = 256,
+    max_prompt_tokens: int = 512,
+    temperature: float = 0.0,
+    batch_size: int = 16,
+    seed: int = 0,
+    device: str = "cpu",
+    scratch_path: str | Path | None = None,
+) -> dict:
+    """Generate the target's response to every prompt; returns counts (written, skipped)."""
+    if backend not in BACKENDS:
+        raise ValueError(f"unknown generation backend {backend!r}; valid: {sorted(BACKENDS)}")
+    rows = list(read_jsonl(prompts_path))
+    scratch_path = Path(scratch_path) if scratch_path else Path(str(out_path) + ".partial")
+    done = {row["id"] for row in read_partial_jsonl(scratch_path)}
+    tokenizer = load_tokenizer(target_json)
+    todo, too_long = _tokenized_prompts(tokenizer, [r for r in rows if r["id"] not in done], max_prompt_tokens)
+    torch.manual_seed(seed)
+    with JsonlAppender(scratch_path) as out:
+        if todo:
+            BACKENDS[backend](
+                target_json, todo, out, max_new_tokens=max_new_tokens, temperature=temperature,
+                batch_size=batch_size, seed=seed, device=device,
+            )
+    by_id = {row["id"]: row for row in read_partial_jsonl(scratch_path)}
+    atomic_write_jsonl(out_path, [by_id[row["id"]] for row in rows if row["id"] in by_id])
+    scratch_path.unlink()
+    return {"prompts": len(rows), "resumed": len(done), "generated": len(todo), "skipped_too_long": too_long}

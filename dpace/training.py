@@ -1,0 +1,281 @@
+"""Train one DFlash drafter with one objective — a single loop you can read top to bottom.
+
+SpecForge's own CLI needs an SGLang server, so this loop drives SpecForge 0.2.0's model classes
+directly: ``DFlashDraftModel`` inside our ``ObjectiveDFlashModel`` (SpecForge's ``OnlineDFlashModel``
+with every objective of ``dpace.objectives``). AdamW, linear warmup then cosine decay, gradient
+clipping, gradient accumulation, as in the paper (App. "Training details").
+
+Outputs: one HF checkpoint per epoch (``epoch-<e>/``, loadable by ``dflash``'s
+``DFlashDraftModel.from_pretrained``), ``steps.jsonl`` (per-step loss, accuracy, per-position mean
+weights, wall time) and ``summary.json``. A resumable state (model, optimiser, scheduler, RNG, data
+position) is written to a scratch folder at every epoch end and every ``save_every_steps`` steps,
+so a killed job resumes where it stopped and ends with the same weights as an uninterrupted run.
+"""
+
+from __future__ import annotations
+
+import json
+import math
+import os
+import time
+from dataclasses import asdict, dataclass, field
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dpace.drafter import build_drafter, drafter_config, save_drafter
+from dpace.features import FeatureSet, load_features, target_hidden_states
+from dpace.io import JsonlAppender, atomic_write_json, read_partial_jsonl
+from dpace.objectives import NEEDS_TARGET_LOGITS, canonical_objective, resolve_hparams
+from dpace.online_model import ObjectiveDFlashModel
+from dpace.targets import load_target
+
+
+@dataclass
+class TrainConfig:
+    objective: str = "dflash"
+    objective_hparams: dict = field(default_factory=dict)  # alpha / gamma / k, per objective
+    normalize: str | None = None  # None: as the released code (see dpace.objectives)
+    depth: int = 1
+    block_size: int = 16
+    mask_token: str = "<empty_output>"  # an unused special token fills the block's masked slots
+    num_anchors: int = 512
+    epochs: int = 6
+    learning_rate: float = 6e-4
+    warmup_ratio: float = 0.04
+    max_grad_norm: float = 1.0
+    micro_batch_size: int = 2
+    grad_accumulation: int = 2
+    weight_decay: float = 0.0
+    seed: int = 0
+    objective_chunk_blocks: int = 0  # >0 bounds logits memory with activation checkpointing
+    save_every_steps: int = 50  # resumable state cadence (optimizer steps)
+    threads: int = 0  # torch CPU threads; 0 keeps torch's default
+    device: str = "cpu"
+
+
+def _batches(features: FeatureSet, order: list[int], micro_batch_size: int):
+    """Right-padded micro-batches; padding has loss mask 0, so no anchor ever lands on it."""
+    for start in range(0, len(order), micro_batch_size):
+        items = [features.sequence(i) for i in order[start : start + micro_batch_size]]
+        width = max(len(item["input_ids"]) for item in items)
+        batch = {
+            "input_ids": torch.zeros((len(items), width), dtype=torch.long),
+            "loss_mask": torch.zeros((len(items), width)),
+        }
+        for key in ("hidden", "last_hidden"):
+            if key in items[0]:
+                batch[key] = torch.zeros((len(items), width, items[0][key].shape[-1]))
+        for row, item in enumerate(items):
+            length = len(item["input_ids"])
+            batch["input_ids"][row, :length] = item["input_ids"]
+            batch["loss_mask"][row, :length] = item["loss_mask"]
+            for key in ("hidden", "last_hidden"):
+                if key in batch:
+                    batch[key][row, :length] = item[key].float()
+        yield batch
+
+
+def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
+    if step < warmup_steps:
+        return (step + 1) / warmup_steps
+    progress = (step - warmup_steps) / max(1, total_steps - warmup_steps)
+    return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
+
+
+def _first_non_finite(model: torch.nn.Module) -> str | None:
+    for name, parameter in model.named_parameters():
+        if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
+            return f"gradient of {name}"
+    return None
+
+
+def _save_state(path: Path, state: dict) -> None:
+    tmp = path.with_suffix(".tmp")
+    torch.save(state, tmp)
+    os.replace(tmp, path)
+
+
+def train_drafter(
+    config: TrainConfig,
+    *,
+    target_json: str | Path,
+    features_dir: str | Path,
+    out_dir: str | Path,
+    scratch_dir: str | Path,
+    stop_after_steps: int | None = None,
+) -> dict:
+    """Train and write ``out_dir/epoch-<e>/``, ``steps.jsonl``, ``summary.json``.
+
+    ``stop_after_steps`` ends the run early after saving a resumable state (used by tests that
+    interrupt training deterministically).
+    """
+    objective = canonical_objective(config.objective)
+    hparams = resolve_hparams(objective, config.block_size, **config.objective_hparams)
+    if config.threads:
+        torch.set_num_threads(config.threads)
+    out_dir, scratch_dir = Path(out_dir), Path(scratch_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    device = torch.device(config.device)
+
+    features = load_features(features_dir)
+    target, tokenizer = load_target(target_json, device=config.device)
+    mask_token_id = tokenizer.convert_tokens_to_ids(config.mask_token)
+    if not isinstance(mask_token_id, int) or mask_token_id == tokenizer.unk_token_id:
+        raise ValueError(f"mask_token {config.mask_token!r} is not a token of the target's tokenizer")
+    needs_target = objective in NEEDS_TARGET_LOGITS
+    online = features.hidden is None  # features mode "online": the target runs every step
+    if needs_target and not online and features.last_hidden is None:
+        raise ValueError(f"objective {objective!r} needs the target's last hidden states; features lack them")
+
+    draft_config = drafter_config(
+        target.config,
+        depth=config.depth,
+        block_size=config.block_size,
+        target_layer_ids=features.layer_ids,
+        mask_token_id=mask_token_id,
+    )
+    drafter = build_drafter(draft_config, seed=config.seed).to(device)
+    model = ObjectiveDFlashModel(
+        draft_model=drafter,
+        target_lm_head=target.lm_head,
+        target_embed_tokens=target.get_input_embeddings(),
+        mask_token_id=mask_token_id,
+        block_size=config.block_size,
+        attention_backend="sdpa",
+        num_anchors=config.num_anchors,
+        objective=objective,
+        normalize=config.normalize,
+        objective_chunk_blocks=config.objective_chunk_blocks,
+        **hparams,
+    )
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    micro_steps_per_epoch = math.ceil(len(features) / config.micro_batch_size)
+    steps_per_epoch = math.ceil(micro_steps_per_epoch / config.grad_accumulation)
+    total_steps = steps_per_epoch * config.epochs
+    warmup_steps = max(1, round(config.warmup_ratio * total_steps))
+    scheduler = torch.optim.lr_scheduler.LambdaLR(
+        optimizer, lambda step: _lr_factor(step, total_steps, warmup_steps)
+    )
+
+    # Resume from the last saved state, if any (same config only: the fingerprint guards it).
+    state_path = scratch_dir / "state.pt"
+    fingerprint = json.dumps(asdict(config), sort_keys=True)
+    epoch, step_in_epoch, global_step = 0, 0, 0
+    torch.manual_seed(config.seed)
+    if state_path.exists():
+        state = torch.load(state_path, weights_only=False)
+        if state["fingerprint"] == fingerprint:
+            drafter.load_state_dict(state["model"])
+            optimizer.load_state_dict(state["optimizer"])
+            scheduler.load_state_dict(state["scheduler"])
+            torch.set_rng_state(state["rng"])
+            epoch, step_in_epoch, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
+    steps_log = out_dir / "steps.jsonl"
+    # Keep only log rows up to the resumed step, so a resumed log equals an uninterrupted one.
+    kept = [row for row in read_partial_jsonl(steps_log) if row["global_step"] < global_step]
+    steps_log.write_text("".join(json.dumps(row) + "\n" for row in kept))
+
+    def save_state():
+        _save_state(state_path, {
+            "fingerprint": fingerprint, "model": drafter.state_dict(), "optimizer": optimizer.state_dict(),
+            "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
+            "epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
+        })
+
+    drafter.train()
+    log = JsonlAppender(steps_log)
+    progress = tqdm(total=total_steps, initial=global_step, desc=f"train {objective}", unit="step")
+    try:
+        while epoch < config.epochs:
+            # The data order depends only on (seed, epoch): a resumed run sees the same batches.
+            order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
+            micro_batches = list(_batches(features, order.tolist(), config.micro_batch_size))
+            while step_in_epoch < steps_per_epoch:
+                started = time.perf_counter()
+                group = micro_batches[step_in_epoch * config.grad_accumulation : (step_in_epoch + 1) * config.grad_accumulation]
+                optimizer.zero_grad(set_to_none=True)
+                loss_sum, accuracy_sum, weights = 0.0, 0.0, []
+                for batch in group:
+                    batch = {key: value.to(device) for key, value in batch.items()}
+                    if online:
+                        with torch.no_grad():
+                            hidden, last = target_hidden_states(
+                                target, batch["input_ids"], (batch["input_ids"] >= 0).long(),
+                                features.layer_ids, needs_target,
+                            )
+                        batch["hidden"], batch["last_hidden"] = hidden, last
+                    loss, accuracy, metrics = model(
+                        input_ids=batch["input_ids"],
+                        hidden_states=batch["hidden"],
+                        loss_mask=batch["loss_mask"],
+                        target_last_hidden_states=batch.get("last_hidden") if needs_target else None,
+                    )
+                    if not torch.isfinite(loss):
+                        raise FloatingPointError(
+                            f"non-finite loss {loss.item()} at step {global_step} (objective {objective}); "
+                            "no checkpoint was written from it"
+                        )
+                    (loss / len(group)).backward()
+                    loss_sum += loss.item() / len(group)
+                    accuracy_sum += float(accuracy) / len(group)
+                    weights.append(metrics["weight_per_position"])
+                bad = _first_non_finite(drafter)
+                if bad:
+                    raise FloatingPointError(
+                        f"non-finite {bad} at step {global_step} (objective {objective}); no checkpoint was written"
+                    )
+                grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.max_grad_norm)
+                optimizer.step()
+                scheduler.step()
+                step_time = time.perf_counter() - started
+                log.write({
+                    "global_step": global_step,
+                    "epoch": epoch + 1,
+                    "step": step_in_epoch,
+                    "progress": (global_step + 1) / total_steps,
+                    "epoch_progress": (step_in_epoch + 1) / steps_per_epoch,
+                    "loss": loss_sum,
+                    "accuracy": accuracy_sum,
+                    "grad_norm": float(grad_norm),
+                    "lr": scheduler.get_last_lr()[0],
+                    "step_time_s": step_time,
+                    "weight_per_position": torch.stack(weights).mean(0).tolist(),
+                })
+                step_in_epoch += 1
+                global_step += 1
+                progress.update(1)
+                progress.set_postfix(loss=f"{loss_sum:.3f}", acc=f"{accuracy_sum:.3f}")
+                if global_step % config.save_every_steps == 0:
+                    save_state()
+                if stop_after_steps is not None and global_step >= stop_after_steps:
+                    save_state()
+                    return {"stopped_at_step": global_step}
+            epoch, step_in_epoch = epoch + 1, 0
+            save_drafter(drafter, out_dir / f"epoch-{epoch}")
+            save_state()
+    finally:
+        progress.close()
+        log.close()
+
+    rows = read_partial_jsonl(steps_log)
+    step_times = [row["step_time_s"] for row in rows]
+    summary = {
+        "objective": objective,
+        "hparams": hparams,
+        "normalize": config.normalize,
+        "epochs": config.epochs,
+        "steps": total_steps,
+        "steps_per_epoch": steps_per_epoch,
+        "time_per_step_s": sum(step_times) / len(step_times),
+        "time_per_epoch_s": sum(step_times) / config.epochs,
+        "final_loss": rows[-1]["loss"],
+        "final_accuracy": rows[-1]["accuracy"],
+        "num_sequences": len(features),
+        "config": asdict(config),
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    state_path.unlink(missing_ok=True)
+    return summary

@@ -1,0 +1,111 @@
+"""Benchmark and training prompts: DFlash's formatting, seeded sampling, clear errors on bad data."""
+
+import json
+
+import pytest
+
+from dpace.data import benchmark_prompts, training_prompts, write_benchmark
+from dpace.io import read_jsonl
+
+
+def _mirror_with(tmp_path, kind, name, lines):
+    folder = tmp_path / kind
+    folder.mkdir(parents=True, exist_ok=True)
+    (folder / f"{name}.jsonl").write_text("".join(line + "\n" for line in lines))
+    return tmp_path
+
+
+def test_math_prompts_follow_dflash_format(mirror):
+    rows = benchmark_prompts("math500", 3, seed=0, mirror=str(mirror))
+    source = {json.dumps(r["problem"]) for r in read_jsonl(mirror / "benchmarks" / "math500.jsonl")}
+    assert len(rows) == 3
+    for row in rows:
+        problem, suffix = row["turns"][0].rsplit("\nPlease reason step by step", 1)
+        assert json.dumps(problem) in source
+        assert suffix == ", and put your final answer within \\boxed{}."
+
+
+def test_humaneval_wraps_prompt_in_python_fence(mirror):
+    (row,) = benchmark_prompts("humaneval", 1, seed=1, mirror=str(mirror))
+    text = row["turns"][0]
+    assert text.startswith("Write a solution to the following problem and make sure that it passes the tests:\n```python\n")
+    assert text.endswith("\n```")
+
+
+def test_mt_bench_keeps_every_turn(mirror):
+    rows = benchmark_prompts("mt_bench", 5, seed=0, mirror=str(mirror))
+    assert all(len(row["turns"]) == 2 for row in rows)
+
+
+def test_alpaca_appends_input_only_when_present(tmp_path):
+    mirror = _mirror_with(tmp_path, "benchmarks", "alpaca", [
+        json.dumps({"instruction": "Sort these.", "input": "3 1 2", "output": ""}),
+        json.dumps({"instruction": "Say hi.", "input": "", "output": ""}),
+    ])
+    rows = benchmark_prompts("alpaca", 2, seed=0, mirror=str(mirror))
+    assert sorted(r["turns"][0] for r in rows) == ["Say hi.", "Sort these.\n\nInput:\n3 1 2"]
+
+
+def test_sampling_is_seeded(mirror):
+    first = benchmark_prompts("gsm8k", 4, seed=7, mirror=str(mirror))
+    again = benchmark_prompts("gsm8k", 4, seed=7, mirror=str(mirror))
+    other = benchmark_prompts("gsm8k", 4, seed=8, mirror=str(mirror))
+    assert first == again
+    assert [r["id"] for r in first] != [r["id"] for r in other]
+
+
+def test_malformed_json_names_file_and_line(tmp_path):
+    mirror = _mirror_with(tmp_path, "benchmarks", "gsm8k", [json.dumps({"question": "q", "answer": "a"}), "{oops"])
+    with pytest.raises(ValueError, match=r"gsm8k\.jsonl:2: malformed JSON"):
+        benchmark_prompts("gsm8k", 2, seed=0, mirror=str(mirror))
+
+
+def test_row_missing_required_field(tmp_path):
+    mirror = _mirror_with(tmp_path, "benchmarks", "gsm8k", [json.dumps({"answer": "a"})])
+    with pytest.raises(ValueError, match=r"row 0 lacks required field\(s\) \['question'\]"):
+        benchmark_prompts("gsm8k", 1, seed=0, mirror=str(mirror))
+
+
+def test_empty_data_set(tmp_path):
+    mirror = _mirror_with(tmp_path, "benchmarks", "mbpp", [])
+    with pytest.raises(ValueError, match="'mbpp' is empty"):
+        benchmark_prompts("mbpp", 1, seed=0, mirror=str(mirror))
+
+
+def test_mirror_missing_a_benchmark_names_the_file(tmp_path):
+    with pytest.raises(FileNotFoundError, match=r"benchmarks/math500\.jsonl"):
+        benchmark_prompts("math500", 1, seed=0, mirror=str(tmp_path))
+
+
+def test_no_hub_and_no_mirror_names_the_setting(monkeypatch):
+    import datasets
+
+    def offline(*args, **kwargs):
+        raise ConnectionError("no network")
+
+    monkeypatch.setattr(datasets, "load_dataset", offline)
+    with pytest.raises(RuntimeError, match="set data.mirror"):
+        benchmark_prompts("gsm8k", 1, seed=0, mirror=None)
+
+
+def test_unknown_benchmark_lists_valid_names():
+    with pytest.raises(ValueError, match="unknown benchmark 'gsm9k'.*math500"):
+        benchmark_prompts("gsm9k", 1, seed=0, mirror=None)
+
+
+def test_training_prompts_take_first_human_turn_and_count_skips(tmp_path):
+    mirror = _mirror_with(tmp_path, "train", "sharegpt", [
+        json.dumps({"id": "a", "conversations": [{"from": "human", "value": "short question"}, {"from": "gpt", "value": "x"}]}),
+        json.dumps({"id": "b", "conversations": [{"from": "gpt", "value": "no human here"}]}),
+        json.dumps({"id": "c", "conversations": [{"from": "human", "value": "y" * 500}]}),
+    ])
+    rows, skipped = training_prompts("sharegpt", 10, seed=0, mirror=str(mirror), max_chars=100)
+    assert rows == [{"id": "a", "prompt": "short question"}]
+    assert skipped == {"no_user_turn": 1, "too_long": 1}
+
+
+def test_write_benchmark_is_atomic_and_complete(tmp_path, mirror):
+    out = tmp_path / "b" / "gsm8k.jsonl"
+    assert write_benchmark("gsm8k", out, 3, seed=0, mirror=str(mirror)) == 3
+    assert len(list(read_jsonl(out))) == 3
+    assert not list(out.parent.glob(".*tmp"))

@@ -1,0 +1,128 @@
+"""Target loading, response generation and feature caching on a tiny random target."""
+
+import json
+
+import pytest
+import torch
+
+from dpace.features import compute_features, load_features, tokenize_conversation
+from dpace.generation import generate_responses
+from dpace.io import atomic_write_jsonl, read_jsonl
+from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+
+PROMPTS = [
+    {"id": "p0", "prompt": "What is the capital of France?"},
+    {"id": "p1", "prompt": "Write a haiku about the sea, please, with many words in it."},
+    {"id": "p2", "prompt": "2+2?"},
+]
+
+
+def _greedy_one(model, ids, max_new_tokens, stops):
+    out = model.generate(torch.tensor([ids]), max_new_tokens=max_new_tokens, do_sample=False,
+                         eos_token_id=stops, pad_token_id=stops[0])
+    new = out[0, len(ids):].tolist()
+    cut = next((i for i, t in enumerate(new) if t in stops), len(new))
+    return new[:cut]
+
+
+def test_batched_generation_equals_one_at_a_time(tmp_path, tiny_target_json):
+    prompts = tmp_path / "prompts.jsonl"
+    atomic_write_jsonl(prompts, PROMPTS)
+    out = tmp_path / "responses.jsonl"
+    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=12, batch_size=3)
+    assert counts == {"prompts": 3, "resumed": 0, "generated": 3, "skipped_too_long": 0}
+    rows = list(read_jsonl(out))
+    assert [r["id"] for r in rows] == ["p0", "p1", "p2"]  # the prompts' order, whatever the batching
+    model, tokenizer = load_target(tiny_target_json)
+    stops = stop_token_ids(tokenizer)
+    for prompt, row in zip(PROMPTS, rows, strict=True):
+        ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": prompt["prompt"]}])
+        expected = tokenizer.decode(_greedy_one(model, ids, 12, stops), skip_special_tokens=True)
+        assert row["conversations"][0] == {"role": "user", "content": prompt["prompt"]}
+        assert row["conversations"][1] == {"role": "assistant", "content": expected}
+
+
+def test_generation_resumes_from_scratch_file(tmp_path, tiny_target_json):
+    prompts = tmp_path / "prompts.jsonl"
+    atomic_write_jsonl(prompts, PROMPTS)
+    scratch = tmp_path / "scratch.partial"
+    finished = {"id": "p1", "conversations": [{"role": "user", "content": PROMPTS[1]["prompt"]},
+                                              {"role": "assistant", "content": "kept from before"}]}
+    # A finished record, then a torn line from a killed writer.
+    scratch.write_text(json.dumps(finished) + "\n" + '{"id": "p2", "conv')
+    out = tmp_path / "responses.jsonl"
+    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=4, scratch_path=scratch)
+    assert counts["resumed"] == 1 and counts["generated"] == 2
+    rows = {r["id"]: r for r in read_jsonl(out)}
+    assert rows["p1"] == finished
+    assert set(rows) == {"p0", "p1", "p2"}
+    assert not scratch.exists()
+
+
+def test_too_long_prompts_are_skipped_and_counted(tmp_path, tiny_target_json):
+    prompts = tmp_path / "prompts.jsonl"
+    atomic_write_jsonl(prompts, PROMPTS)
+    out = tmp_path / "responses.jsonl"
+    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=2, max_prompt_tokens=36)
+    assert counts["skipped_too_long"] >= 1
+    assert len(list(read_jsonl(out))) == 3 - counts["skipped_too_long"]
+
+
+def test_features_mask_the_assistant_tokens_and_match_a_direct_forward(tmp_path, tiny_target_json):
+    model, tokenizer = load_target(tiny_target_json)
+    conversations = [
+        {"id": "a", "conversations": [{"role": "user", "content": "hello there"}, {"role": "assistant", "content": "hi! how are you"}]},
+        {"id": "b", "conversations": [{"role": "user", "content": "a much longer question " * 5}, {"role": "assistant", "content": "ok"}]},
+    ]
+    path = tmp_path / "conv.jsonl"
+    atomic_write_jsonl(path, conversations)
+    index = compute_features(tiny_target_json, path, tmp_path / "features", layer_ids=[1, 3], max_seq_length=256, batch_size=2)
+    assert index["num_sequences"] == 2 and index["layer_ids"] == [1, 3]
+    features = load_features(tmp_path / "features")
+    for i, conversation in enumerate(conversations):
+        item = features.sequence(i)
+        response_ids = tokenizer(conversation["conversations"][1]["content"], add_special_tokens=False)["input_ids"]
+        mask = item["loss_mask"]
+        assert int(mask.sum()) == len(response_ids) + 1  # the response and its end token
+        assert mask[-len(response_ids) - 1:].eq(1).all() and mask[: -len(response_ids) - 1].eq(0).all()
+        assert item["input_ids"][-len(response_ids) - 1 : -1].tolist() == response_ids
+        with torch.no_grad():
+            out = model.model(item["input_ids"][None], output_hidden_states=True)
+        direct = torch.cat([out.hidden_states[2], out.hidden_states[4]], dim=-1)[0]
+        torch.testing.assert_close(item["hidden"].float(), direct, rtol=2e-2, atol=2e-2)  # bf16 storage
+        torch.testing.assert_close(item["last_hidden"].float(), out.last_hidden_state[0], rtol=2e-2, atol=2e-2)
+
+
+def test_online_features_store_tokens_only(tmp_path, tiny_target_json):
+    path = tmp_path / "conv.jsonl"
+    atomic_write_jsonl(path, [{"id": "a", "conversations": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}])
+    compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1], max_seq_length=256, mode="online")
+    features = load_features(tmp_path / "f")
+    assert features.hidden is None and features.last_hidden is None and len(features) == 1
+
+
+def test_features_reject_layers_outside_the_target(tmp_path, tiny_target_json):
+    path = tmp_path / "conv.jsonl"
+    atomic_write_jsonl(path, [{"id": "a", "conversations": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}])
+    with pytest.raises(ValueError, match=r"target_layer_ids \[9\] are outside the target's 6 layers"):
+        compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1, 9], max_seq_length=256)
+
+
+def test_conversation_without_assistant_turn_is_an_error(tiny_target_json):
+    _, tokenizer = load_target(tiny_target_json)
+    with pytest.raises(ValueError, match="has no user and assistant turn"):
+        tokenize_conversation(tokenizer, {"id": "z", "conversations": [{"role": "user", "content": "x"}]}, 2)
+
+
+def test_target_without_chat_template_is_rejected(tmp_path, tiny_target_json):
+    import shutil
+
+    copy = tmp_path / "target"
+    shutil.copytree(tiny_target_json.parent, copy)
+    config = copy / "model" / "tokenizer_config.json"
+    data = json.loads(config.read_text())
+    data.pop("chat_template", None)
+    config.write_text(json.dumps(data))
+    (copy / "model" / "chat_template.jinja").unlink(missing_ok=True)
+    with pytest.raises(ValueError, match="no chat template"):
+        load_target(copy / "target.json")

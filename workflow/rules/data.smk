@@ -1,0 +1,36 @@
+# Stage 1: benchmark prompts and training prompts (hub or local mirror), sampled with a fixed seed.
+
+
+rule benchmark_prompts:
+    output:
+        prompts=f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl",
+    log:
+        f"{RESULTS}/logs/data/benchmark_{{benchmark}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/data/benchmark_{{benchmark}}.tsv"
+    params:
+        mirror=config["data"].get("mirror"),
+        num_prompts=config["data"]["prompts_per_benchmark"],
+        seed=config["seed"],
+        code=stage_fingerprint("data"),
+    localrule: True
+    script:
+        "../scripts/benchmark_prompts.py"
+
+
+rule training_prompts:
+    output:
+        prompts=f"{RESULTS}/data/train/{{dataset}}.jsonl",
+    log:
+        f"{RESULTS}/logs/data/train_{{dataset}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/data/train_{{dataset}}.tsv"
+    params:
+        mirror=config["data"].get("mirror"),
+        num_prompts=config["data"]["train_prompts"],
+        max_chars=config["data"].get("max_prompt_chars"),
+        seed=config["seed"],
+        code=stage_fingerprint("data"),
+    localrule: True
+    script:
+        "../scripts/training_prompts.py"

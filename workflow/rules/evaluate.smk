@@ -1,0 +1,40 @@
+# Stage 6: speculative decoding on the benchmarks; tau, speedup and per-block records.
+# Timing jobs take every core so that two of them never share the CPU and skew each other's SR.
+
+SUITES = {
+    "full": {"benchmarks": config["data"]["benchmarks"], "temperatures": config["eval"]["temperatures"]},
+    "trajectory": {"benchmarks": ["math500"], "temperatures": [0.0]},
+}
+
+
+rule evaluate:
+    input:
+        train_summary=f"{RESULTS}/drafters/{{target}}/{{variant}}/summary.json",
+        target=f"{RESULTS}/targets/{{target}}/target.json",
+        benchmarks=lambda wildcards: expand(
+            f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl", benchmark=SUITES[wildcards.suite]["benchmarks"]
+        ),
+    output:
+        summary=f"{RESULTS}/eval/{{target}}/{{variant}}/epoch-{{epoch}}/{{suite}}/summary.json",
+        blocks=f"{RESULTS}/eval/{{target}}/{{variant}}/epoch-{{epoch}}/{{suite}}/blocks.csv",
+    log:
+        f"{RESULTS}/logs/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.tsv"
+    wildcard_constraints:
+        epoch=r"\d+",
+        suite="full|trajectory",
+    params:
+        drafter=lambda wildcards: f"{RESULTS}/drafters/{wildcards.target}/{wildcards.variant}/epoch-{wildcards.epoch}",
+        temperatures=lambda wildcards: SUITES[wildcards.suite]["temperatures"],
+        verification=config["eval"]["verification"],
+        max_new_tokens=config["eval"]["max_new_tokens"],
+        seed=config["seed"],
+        backend=config["eval"]["backend"],
+        records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
+        code=stage_fingerprint("evaluate"),
+    threads: workflow.cores
+    resources:
+        gpu=0,
+    script:
+        "../scripts/evaluate.py"

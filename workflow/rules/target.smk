@@ -1,0 +1,16 @@
+# Stage 2: materialise each target once as an HF folder (or a pointer to a hub id).
+
+
+rule prepare_target:
+    output:
+        target=f"{RESULTS}/targets/{{target}}/target.json",
+    log:
+        f"{RESULTS}/logs/targets/{{target}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/targets/{{target}}.tsv"
+    params:
+        spec=lambda wildcards: config["targets"][wildcards.target],
+        seed=config["seed"],
+        code=stage_fingerprint("target"),
+    script:
+        "../scripts/prepare_target.py"

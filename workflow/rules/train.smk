@@ -1,0 +1,35 @@
+# Stage 5: one drafter per variant (objective x hyperparameters x depth x block size).
+
+
+rule train_drafter:
+    input:
+        features=f"{RESULTS}/features/{{target}}/{config['data']['train_set']}",
+        target=f"{RESULTS}/targets/{{target}}/target.json",
+    output:
+        summary=f"{RESULTS}/drafters/{{target}}/{{variant}}/summary.json",
+        steps=f"{RESULTS}/drafters/{{target}}/{{variant}}/steps.jsonl",
+    log:
+        f"{RESULTS}/logs/train/{{target}}/{{variant}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train/{{target}}/{{variant}}.tsv"
+    params:
+        settings=lambda wildcards: variant(wildcards).train_settings(),
+        mask_token=config["train"]["mask_token"],
+        num_anchors=config["train"]["num_anchors"],
+        learning_rate=config["train"]["learning_rate"],
+        warmup_ratio=config["train"]["warmup_ratio"],
+        max_grad_norm=config["train"]["max_grad_norm"],
+        micro_batch_size=config["train"]["micro_batch_size"],
+        grad_accumulation=config["train"]["grad_accumulation"],
+        weight_decay=config["train"].get("weight_decay", 0.0),
+        objective_chunk_blocks=config["train"].get("objective_chunk_blocks", 0),
+        save_every_steps=config["train"].get("save_every_steps", 50),
+        seed=config["seed"],
+        backend=config["train"]["backend"],
+        scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
+        code=stage_fingerprint("train"),
+    threads: workflow.cores
+    resources:
+        gpu=0,
+    script:
+        "../scripts/train_drafter.py"

@@ -1,0 +1,20 @@
+import sys
+
+import torch
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from dpace.features import compute_features
+
+torch.set_num_threads(snakemake.threads)
+index = compute_features(
+    snakemake.input.target,
+    snakemake.input.conversations,
+    snakemake.output.features,
+    layer_ids=snakemake.params.target_layer_ids,
+    num_target_features=snakemake.params.num_target_features,
+    max_seq_length=snakemake.params.max_seq_length,
+    mode=snakemake.params.mode,
+    batch_size=snakemake.params.batch_size,
+)
+print({key: value for key, value in index.items() if key != "shards"})

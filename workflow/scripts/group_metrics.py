@@ -1,0 +1,12 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from dpace.report import write_group_metrics
+
+write_group_metrics(
+    snakemake.params.variants,
+    snakemake.input.summaries,
+    metrics_csv=snakemake.output.metrics,
+    blocks_csv=snakemake.output.blocks,
+)
