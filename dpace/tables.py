@@ -1,0 +1,1041 @@
+"""LaTeX renderings of the paper's tables (and two extension tables) from tidy metrics.
+
+Every public ``table_*`` function is pure: it takes DataFrames and returns one LaTeX ``table``
+environment as a string (booktabs rules; ``\\multirow`` and ``\\resizebox`` need the ``multirow`` and
+``graphicx`` packages).  Nothing here reads files or knows about Snakemake.
+
+Input contract (see the project brief; only these columns are used):
+
+* ``metrics`` -- one row per (variant, epoch, benchmark, temperature) with ``target``,
+  ``target_label``, ``variant``, ``group``, ``objective``, ``depth``, ``block_size``, ``alpha``,
+  ``epoch``, ``benchmark``, ``temperature``, ``tau``, ``speedup``; ``normalize`` for
+  :func:`table_normalization`; an optional ``k`` names the top-k of ``topk-prefix`` runs.
+* ``train_runs`` -- per-run summary with ``variant``, ``objective``, ``block_size``, ``steps``,
+  ``time_per_epoch_s``, ``time_per_step_s`` (``epochs`` unused).
+* ``blocks`` -- per-block decoding records with ``variant``, ``benchmark``, ``temperature``,
+  ``prompt_index``, ``tau_block``, ``sum_q``, ``surrogate``.
+
+Conventions shared by all tables:
+
+* "final epoch" means each variant's last evaluated epoch unless ``epoch=`` is given;
+* averages are taken over the benchmarks present in the table; a run that lacks one of them
+  gets ``--`` rather than an average over fewer benchmarks;
+* a table for group G takes its rows from G; the reference runs a paper table shares with the
+  main experiment (the DFlash / D-PACE rows of the same target, depth and block size) are
+  borrowed from group ``main`` when G lacks them;
+* the best value of each row group is bold (ties at the displayed precision all bold; a single
+  candidate is not bold), and the D-PACE method label is bold as in the paper;
+* a missing group raises ``ValueError`` naming it; duplicated runs raise too.
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Iterable, Sequence
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+BENCHMARKS: tuple[str, ...] = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench", "alpaca")
+BENCHMARK_LABELS: dict[str, str] = {
+    "gsm8k": "GSM8K",
+    "math500": "MATH-500",
+    "humaneval": "HumanEval",
+    "mbpp": "MBPP",
+    "mt_bench": "MT-Bench",
+    "alpaca": "Alpaca",
+}
+BENCHMARK_CATEGORIES: dict[str, str] = {
+    "gsm8k": "Math",
+    "math500": "Math",
+    "humaneval": "Code",
+    "mbpp": "Code",
+    "mt_bench": "Chat",
+    "alpaca": "Chat",
+}
+OBJECTIVE_ORDER: tuple[str, ...] = (
+    "dflash",
+    "topk-prefix",
+    "accept-rate",
+    "dpace-continuation",
+    "dpace-cumulative",
+    "dpace-target-prob",
+    "dpakl",
+    "pard2-cat",
+    "dpace",
+)
+OBJECTIVE_LABELS: dict[str, str] = {
+    "dflash": "DFlash",
+    "topk-prefix": "Top-3 prefix mask",
+    "accept-rate": "Accept-rate",
+    "dpace": "D-PACE",
+    "dpace-cumulative": "cumulative-only",
+    "dpace-continuation": "continuation-only",
+    "dpace-target-prob": "D-PACE (target prob)",
+    "dpakl": "D-PAKL",
+    "pard2-cat": "PARD-2 CAT",
+}
+NORMALIZE_ORDER: tuple[str, ...] = ("batch", "anchor", "weight", "token", "default")
+CONFIG: tuple[str, ...] = ("target", "depth", "block_size")
+METRIC_COLUMNS: tuple[str, ...] = (
+    "target",
+    "target_label",
+    "variant",
+    "group",
+    "objective",
+    "depth",
+    "block_size",
+    "alpha",
+    "epoch",
+    "benchmark",
+    "temperature",
+    "tau",
+    "speedup",
+)
+BLOCK_COLUMNS: tuple[str, ...] = ("variant", "benchmark", "temperature", "tau_block", "sum_q", "surrogate")
+TRAIN_RUN_COLUMNS: tuple[str, ...] = (
+    "variant",
+    "objective",
+    "block_size",
+    "steps",
+    "time_per_epoch_s",
+    "time_per_step_s",
+)
+
+MISSING = "--"
+
+
+# --------------------------------------------------------------------------------------------
+# small formatting helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _finite(x: object) -> bool:
+    try:
+        return x is not None and math.isfinite(float(x))  # type: ignore[arg-type]
+    except (TypeError, ValueError):
+        return False
+
+
+def fmt(x: object, digits: int = 2) -> str:
+    """``x`` with ``digits`` decimals, or ``--`` for missing / non-finite values."""
+    return f"{float(x):.{digits}f}" if _finite(x) else MISSING  # type: ignore[arg-type]
+
+
+def _cell(x: object, bold: bool = False, *, math_mode: bool = False, digits: int = 2) -> str:
+    s = fmt(x, digits)
+    if s == MISSING:
+        return s
+    if math_mode:
+        return f"$\\mathbf{{{s}}}$" if bold else f"${s}$"
+    return f"\\textbf{{{s}}}" if bold else s
+
+
+def _best(values: Sequence[object], digits: int = 2, *, higher: bool = True) -> list[bool]:
+    """Which entries are best at the displayed precision (all ties); none if < 2 candidates."""
+    rounded = [round(float(v), digits) if _finite(v) else None for v in values]  # type: ignore[arg-type]
+    finite = [v for v in rounded if v is not None]
+    if len(finite) < 2:
+        return [False] * len(values)
+    target = max(finite) if higher else min(finite)
+    return [v is not None and v == target for v in rounded]
+
+
+def tex_escape(text: object) -> str:
+    """Escape LaTeX specials in free text such as target labels."""
+    out = str(text)
+    for ch, rep in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
+                    ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}")):
+        out = out.replace(ch, rep)
+    return out
+
+
+def _num_text(x: float) -> str:
+    """Compact number for captions/headers: 0.0, 0.5, 0.25, 1."""
+    return f"{x:.1f}" if round(x, 1) == x else f"{x:g}"
+
+
+def _temp_text(t: float) -> str:
+    return f"{t:g}"
+
+
+def _row(cells: Iterable[str]) -> str:
+    return " & ".join(cells) + r" \\"
+
+
+def objective_label(objective: str, k: object = None) -> str:
+    """Display name of an objective (``k`` names the top-k of the prefix-mask baseline)."""
+    if objective == "topk-prefix":
+        kk = int(float(k)) if _finite(k) else 3  # type: ignore[arg-type]
+        return f"Top-{kk} prefix mask"
+    return OBJECTIVE_LABELS.get(objective, tex_escape(objective))
+
+
+def benchmark_label(benchmark: str) -> str:
+    return BENCHMARK_LABELS.get(benchmark, tex_escape(benchmark))
+
+
+def _bold_if(label: str, condition: bool) -> str:
+    return f"\\textbf{{{label}}}" if condition else label
+
+
+def _table(
+    body: Sequence[str],
+    *,
+    spec: str,
+    caption: str,
+    label: str,
+    size: str = r"\small",
+    tabcolsep: str | None = None,
+    resize: bool = False,
+    placement: str = "t",
+) -> str:
+    lines = [f"\\begin{{table}}[{placement}]", r"\centering", f"\\caption{{{caption}}}", f"\\label{{{label}}}"]
+    lines.append(size)
+    if tabcolsep:
+        lines.append(f"\\setlength{{\\tabcolsep}}{{{tabcolsep}}}")
+    if resize:
+        lines.append(r"\resizebox{\linewidth}{!}{%")
+    lines.append(f"\\begin{{tabular}}{{{spec}}}")
+    lines.extend(body)
+    lines.append(r"\end{tabular}")
+    if resize:
+        lines.append("}")
+    lines.append(r"\end{table}")
+    return "\n".join(lines) + "\n"
+
+
+# --------------------------------------------------------------------------------------------
+# data selection helpers
+# --------------------------------------------------------------------------------------------
+
+
+def _require_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    missing = [c for c in columns if c not in df.columns]
+    if missing:
+        raise ValueError(f"{what} lacks column(s) {missing}")
+
+
+def _prepared(metrics: pd.DataFrame, extra: Iterable[str] = ()) -> pd.DataFrame:
+    _require_columns(metrics, (*METRIC_COLUMNS, *extra), "metrics")
+    df = metrics.copy()
+    df["_alpha"] = pd.to_numeric(df["alpha"], errors="coerce").round(6).fillna(-1.0)
+    return df
+
+
+def _group_rows(df: pd.DataFrame, group: str) -> pd.DataFrame:
+    rows = df[df["group"] == group]
+    if rows.empty:
+        groups = sorted(map(str, df["group"].dropna().unique()))
+        raise ValueError(f"metrics has no rows for group {group!r} (groups present: {groups})")
+    return rows
+
+
+def _complete(
+    df: pd.DataFrame,
+    group: str,
+    *,
+    objectives: Iterable[str] | None = None,
+    borrow: Iterable[str] = (),
+    config_cols: Sequence[str] = CONFIG,
+    key_cols: Sequence[str] = ("objective",),
+    sources: Sequence[str] = ("main",),
+) -> pd.DataFrame:
+    """Rows of ``group`` (restricted to ``objectives``), plus runs of the ``borrow`` objectives that
+    the group lacks for one of its configurations, taken from the ``sources`` groups in order.
+
+    A run is identified by ``config_cols + key_cols``; the group's own runs always win.
+    """
+    own = _group_rows(df, group)
+    configs = own[list(config_cols)].drop_duplicates()
+    if objectives is not None:
+        own = own[own["objective"].isin(list(objectives))]
+    ident = [*config_cols, *key_cols]
+    have = set(map(tuple, own[ident].drop_duplicates().itertuples(index=False)))
+    parts = [own]
+    borrow = list(borrow)
+    for src in sources:
+        if src == group or not borrow:
+            continue
+        cand = df[(df["group"] == src) & df["objective"].isin(borrow)]
+        if cand.empty:
+            continue
+        cand = cand.merge(configs, on=list(config_cols), how="inner")
+        keys = list(map(tuple, cand[ident].itertuples(index=False)))
+        cand = cand[[k not in have for k in keys]]
+        if cand.empty:
+            continue
+        n_variants = cand.groupby(ident, dropna=False)["variant"].nunique()
+        if (n_variants > 1).any():
+            bad = n_variants[n_variants > 1].index.tolist()
+            raise ValueError(f"cannot borrow runs from group {src!r} for {group!r}: ambiguous {ident}={bad}")
+        have |= set(map(tuple, cand[ident].drop_duplicates().itertuples(index=False)))
+        parts.append(cand)
+    return pd.concat(parts, ignore_index=True)
+
+
+def _final_epoch(df: pd.DataFrame, epoch: int | None, what: str) -> pd.DataFrame:
+    if epoch is None:
+        last = df.groupby("variant")["epoch"].transform("max")
+        return df[df["epoch"] == last]
+    out = df[df["epoch"] == epoch]
+    if out.empty:
+        raise ValueError(f"{what}: no rows at epoch {epoch}")
+    return out
+
+
+def _at_temperature(df: pd.DataFrame, temperature: float, what: str) -> pd.DataFrame:
+    out = df[np.isclose(df["temperature"].astype(float), float(temperature))]
+    if out.empty:
+        raise ValueError(f"{what}: no rows at temperature {temperature:g}")
+    return out
+
+
+def _check_unique(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
+    dup = df.duplicated(list(cols), keep=False)
+    if dup.any():
+        example = df.loc[dup, list(cols)].drop_duplicates().head(3).to_dict("records")
+        raise ValueError(f"{what}: several rows for the same {list(cols)}, e.g. {example}")
+
+
+def present_benchmarks(df: pd.DataFrame) -> list[str]:
+    """Benchmarks of ``df`` in the paper's order (unknown ones after, sorted)."""
+    present = set(map(str, df["benchmark"].dropna().unique()))
+    known = [b for b in BENCHMARKS if b in present]
+    return known + sorted(present - set(BENCHMARKS))
+
+
+def benchmark_averages(
+    df: pd.DataFrame, keys: Sequence[str], benchmarks: Sequence[str] | None = None
+) -> pd.DataFrame:
+    """Mean ``speedup`` and ``tau`` over ``benchmarks`` (default: all present) per ``keys``.
+
+    A key lacking one of the benchmarks, or with a NaN value, averages to NaN.
+    """
+    benches = list(benchmarks) if benchmarks is not None else present_benchmarks(df)
+    _check_unique(df, [*keys, "benchmark"], "benchmark averages")
+    records = []
+    for key, sub in df.groupby(list(keys), sort=False, dropna=False):
+        key = key if isinstance(key, tuple) else (key,)
+        sub = sub.set_index("benchmark")
+        rec = dict(zip(keys, key, strict=True))
+        for col in ("speedup", "tau"):
+            rec[col] = float(sub[col].astype(float).reindex(benches).mean(skipna=False))
+        records.append(rec)
+    return pd.DataFrame.from_records(records, columns=[*keys, "speedup", "tau"])
+
+
+def _objective_rank(objective: str) -> int:
+    try:
+        return OBJECTIVE_ORDER.index(objective)
+    except ValueError:
+        return len(OBJECTIVE_ORDER) - 1  # unknown objectives go just before D-PACE
+
+
+def _sort_objectives(objectives: Iterable[str]) -> list[str]:
+    return sorted(dict.fromkeys(objectives), key=lambda o: (_objective_rank(o), o))
+
+
+def _k_of(df: pd.DataFrame, objective: str) -> object:
+    if "k" not in df.columns:
+        return None
+    ks = df.loc[df["objective"] == objective, "k"].dropna().unique()
+    return ks[0] if len(ks) == 1 else None
+
+
+def _config_label(target_label: object, depth: object, block_size: object) -> str:
+    return f"{tex_escape(target_label)}, {int(depth)}L, $B{{=}}{int(block_size)}$"
+
+
+def _sort_key(value: object) -> tuple:
+    return (0, float(value), "") if _finite(value) else (1, 0.0, str(value))
+
+
+def _configs(df: pd.DataFrame, cols: Sequence[str] = CONFIG) -> list[tuple]:
+    """Distinct configurations, numbers sorted numerically."""
+    rows = set(map(tuple, df[list(cols)].itertuples(index=False)))
+    return sorted(rows, key=lambda c: tuple(_sort_key(v) for v in c))
+
+
+def _target_label(df: pd.DataFrame, target: object) -> str:
+    labels = df.loc[df["target"] == target, "target_label"].dropna().unique()
+    return str(labels[0]) if len(labels) else str(target)
+
+
+def _epoch_phrase(df: pd.DataFrame) -> str:
+    epochs = sorted(df["epoch"].dropna().unique())
+    return f"epoch~{int(epochs[0])}" if len(epochs) == 1 else "the final epoch"
+
+
+def _join_words(items: Sequence[str]) -> str:
+    items = list(items)
+    if len(items) <= 1:
+        return "".join(items)
+    return ", ".join(items[:-1]) + " and " + items[-1]
+
+
+# --------------------------------------------------------------------------------------------
+# Table 1: main result
+# --------------------------------------------------------------------------------------------
+
+
+def table_main(metrics: pd.DataFrame, *, epoch: int | None = None) -> str:
+    """Table 1 (``tab:main``): SR and tau per benchmark and their average, rows objective x depth x
+    temperature, from the final epoch of group ``main``; best per column within each (T, depth)."""
+    df = _final_epoch(_group_rows(_prepared(metrics), "main"), epoch, "group 'main'")
+    _check_unique(df, ["objective", "depth", "temperature", "benchmark"], "group 'main'")
+    benches = present_benchmarks(df)
+    temps = sorted(df["temperature"].astype(float).unique())
+    depths = sorted(df["depth"].astype(int).unique())
+    ncols = 2 + 2 * (len(benches) + 1)
+
+    spec = "cl|" + "|".join(["cc"] * (len(benches) + 1))
+    # category row (Math / Code / Chat), merged over consecutive benchmarks
+    cats: list[tuple[str, int]] = []
+    for b in benches:
+        cat = BENCHMARK_CATEGORIES.get(b, "Other")
+        if cats and cats[-1][0] == cat:
+            cats[-1] = (cat, cats[-1][1] + 1)
+        else:
+            cats.append((cat, 1))
+    cat_cells, cmids, col = ["", ""], [], 3
+    for cat, n in cats:
+        cat_cells.append(f"\\multicolumn{{{2 * n}}}{{c|}}{{\\textsc{{{cat}}}}}")
+        cmids.append(f"\\cmidrule(lr){{{col}-{col + 2 * n - 1}}}")
+        col += 2 * n
+    cat_cells.append(r"\multicolumn{2}{c}{}")
+    bench_cells = ["", ""] + [f"\\multicolumn{{2}}{{c|}}{{{benchmark_label(b)}}}" for b in benches]
+    bench_cells.append(r"\multicolumn{2}{c}{Avg.}")
+    metric_cells = ["Depth", "Method"] + ["SR", r"$\tau$"] * (len(benches) + 1)
+    body = [r"\toprule", _row(cat_cells), "".join(cmids), _row(bench_cells), _row(metric_cells), r"\midrule"]
+
+    for ti, t in enumerate(temps):
+        at_t = df[np.isclose(df["temperature"].astype(float), t)]
+        body.append(f"\\multicolumn{{{ncols}}}{{c}}{{\\emph{{Temperature}} $T = {_temp_text(t)}$}} \\\\")
+        body.append(r"\midrule")
+        t_depths = [d for d in depths if (at_t["depth"].astype(int) == d).any()]
+        for di, d in enumerate(t_depths):
+            sub = at_t[at_t["depth"].astype(int) == d]
+            objs = _sort_objectives(sub["objective"].unique())
+            wide = sub.pivot(index="objective", columns="benchmark", values=["speedup", "tau"])
+            avg = benchmark_averages(sub, ["objective"], benches).set_index("objective")
+            values: list[list[float]] = []
+            for o in objs:
+                vals = []
+                for b in benches:
+                    vals.append(wide.get(("speedup", b), pd.Series(dtype=float)).get(o, np.nan))
+                    vals.append(wide.get(("tau", b), pd.Series(dtype=float)).get(o, np.nan))
+                vals += [avg.at[o, "speedup"], avg.at[o, "tau"]]
+                values.append(vals)
+            bold = [_best([v[c] for v in values]) for c in range(len(values[0]))]
+            for ri, o in enumerate(objs):
+                first = f"\\multirow{{{len(objs)}}}{{*}}{{{d}L}}" if ri == 0 else ""
+                name = _bold_if(objective_label(o, _k_of(sub, o)), o == "dpace")
+                cells = [first, name] + [_cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]
+                body.append(_row(cells))
+            last = ti == len(temps) - 1 and di == len(t_depths) - 1
+            body.append(r"\bottomrule" if last else r"\midrule")
+
+    labels = [tex_escape(_target_label(df, t)) for t in sorted(df["target"].unique())]
+    depth_text = ", ".join(f"{d}L" for d in depths)
+    temp_text = ", ".join(_temp_text(t) for t in temps)
+    caption = (
+        r"\textbf{Main result.} Decoding speedup (SR) and average emitted length ($\tau$) on "
+        f"{len(benches)} benchmarks at draft depth{'s' if len(depths) > 1 else ''} ({depth_text}) and "
+        f"temperature{'s' if len(temps) > 1 else ''} ($T{{=}}{temp_text}$) for DFlash drafts of "
+        f"{_join_words(labels)} at {_epoch_phrase(df)}. "
+        r"``Top-$k$ prefix mask'' is the hard-mask baseline adapted from GRIFFIN; ``Accept-rate'' "
+        r"directly optimizes the accepted-length surrogate $\tilde S$."
+    )
+    return _table(body, spec=spec, caption=caption, label="tab:main", size=r"\footnotesize",
+                  tabcolsep="3.2pt", resize=True)
+
+
+# --------------------------------------------------------------------------------------------
+# Table 2: cross-model generalisation
+# --------------------------------------------------------------------------------------------
+
+
+def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0) -> str:
+    """Table 2 (``tab:cross-model``): per-benchmark ``SR / tau`` of DFlash vs D-PACE per target.
+
+    Uses group ``cross_model`` (borrowing missing DFlash / D-PACE runs of the same configuration
+    from ``main``).  Without any ``cross_model`` rows, a study with a single target falls back to
+    the main group's DFlash / D-PACE rows at its shallowest depth.
+    """
+    df = _prepared(metrics)
+    if (df["group"] == "cross_model").any():
+        rows = _complete(df, "cross_model", objectives=("dflash", "dpace"), borrow=("dflash", "dpace"))
+    else:
+        main = df[df["group"] == "main"]
+        if main.empty or main["target"].nunique() != 1:
+            raise ValueError(
+                "metrics has no rows for group 'cross_model' (and no single-target 'main' group to fall back on)"
+            )
+        rows = main[(main["depth"] == main["depth"].min()) & main["objective"].isin(["dflash", "dpace"])]
+    what = "group 'cross_model'"
+    rows = _at_temperature(_final_epoch(rows, epoch, what), temperature, what)
+    if rows.empty:
+        raise ValueError(f"{what}: no DFlash / D-PACE rows")
+    _check_unique(rows, [*CONFIG, "objective", "benchmark"], what)
+    benches = present_benchmarks(rows)
+    configs = _configs(rows)
+    label_counts = pd.Series([_target_label(rows, c[0]) for c in configs]).value_counts()
+
+    spec = "ll" + "c" * len(benches)
+    body = [r"\toprule", _row(["Target", "Method"] + [benchmark_label(b) for b in benches]), r"\midrule"]
+    for ci, (target, depth, bsize) in enumerate(configs):
+        sub = rows[(rows["target"] == target) & (rows["depth"] == depth) & (rows["block_size"] == bsize)]
+        tl = _target_label(rows, target)
+        shown = tex_escape(tl) if label_counts[tl] == 1 else _config_label(tl, depth, bsize)
+        objs = _sort_objectives(sub["objective"].unique())
+        sr = {o: sub[sub["objective"] == o].set_index("benchmark")["speedup"] for o in objs}
+        tau = {o: sub[sub["objective"] == o].set_index("benchmark")["tau"] for o in objs}
+        cells_by_obj: dict[str, list[str]] = {o: [] for o in objs}
+        for b in benches:
+            sr_vals = [sr[o].get(b, np.nan) for o in objs]
+            tau_vals = [tau[o].get(b, np.nan) for o in objs]
+            sr_bold, tau_bold = _best(sr_vals), _best(tau_vals)
+            for i, o in enumerate(objs):
+                if sr_bold[i] and tau_bold[i]:
+                    cell = f"\\textbf{{{fmt(sr_vals[i])} / {fmt(tau_vals[i])}}}"
+                else:
+                    cell = f"{_cell(sr_vals[i], sr_bold[i])} / {_cell(tau_vals[i], tau_bold[i])}"
+                cells_by_obj[o].append(cell)
+        for ri, o in enumerate(objs):
+            first = f"\\multirow{{{len(objs)}}}{{*}}{{{shown}}}" if ri == 0 else ""
+            body.append(_row([first, _bold_if(objective_label(o), o == "dpace")] + cells_by_obj[o]))
+        body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
+
+    depths = sorted({int(c[1]) for c in configs})
+    targets = [tex_escape(_target_label(rows, t)) for t in dict.fromkeys(c[0] for c in configs)]
+    caption = (
+        r"\textbf{Generalization to other targets.} Per-benchmark SR / $\tau$ at "
+        f"$T{{=}}{_temp_text(temperature)}$ for {'/'.join(f'{d}L' for d in depths)} drafters of "
+        f"{_join_words(targets)} ({_epoch_phrase(rows)})."
+    )
+    return _table(body, spec=spec, caption=caption, label="tab:cross-model", tabcolsep="4pt")
+
+
+# --------------------------------------------------------------------------------------------
+# Table 3: component ablation over epochs
+# --------------------------------------------------------------------------------------------
+
+ABLATION_OBJECTIVES: tuple[str, ...] = ("dflash", "dpace-continuation", "dpace-cumulative", "dpace")
+ABLATION_LABELS: dict[str, str] = {
+    "dflash": "DFlash (decayed-CE)",
+    "dpace-continuation": "continuation-only",
+    "dpace-cumulative": "cumulative-only",
+    "dpace": r"\textbf{D-PACE (full)}",
+}
+
+
+def ablation_trajectories(
+    metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0
+) -> pd.DataFrame:
+    """Long frame (config, objective, epoch, tau) of the ablation runs on ``benchmark`` at
+    ``temperature`` (group ``ablation``; DFlash / D-PACE borrowed from ``main`` if absent)."""
+    df = _prepared(metrics)
+    rows = _complete(df, "ablation", objectives=ABLATION_OBJECTIVES, borrow=("dflash", "dpace"))
+    what = "group 'ablation'"
+    rows = rows[rows["benchmark"] == benchmark]
+    if rows.empty:
+        raise ValueError(f"{what}: no rows for benchmark {benchmark!r}")
+    rows = _at_temperature(rows, temperature, what)
+    _check_unique(rows, [*CONFIG, "objective", "epoch"], what)
+    return rows[[*CONFIG, "target_label", "objective", "epoch", "tau"]].sort_values(
+        [*CONFIG, "objective", "epoch"], ignore_index=True
+    )
+
+
+def table_ablation(metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0) -> str:
+    """Table 3 (``tab:ablation-trajectory``): MATH-500 tau at T=0 per epoch for DFlash,
+    continuation-only, cumulative-only and D-PACE; best per epoch column bold."""
+    traj = ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)
+    epochs = sorted(traj["epoch"].astype(int).unique())
+    configs = _configs(traj)
+    ncols = 1 + len(epochs)
+    body = [r"\toprule", _row(["Epoch"] + [str(e) for e in epochs]), r"\midrule"]
+    for ci, cfg in enumerate(configs):
+        sub = traj[(traj[list(CONFIG)] == pd.Series(cfg, index=list(CONFIG))).all(axis=1)]
+        if len(configs) > 1:
+            label = _config_label(_target_label(sub, cfg[0]), cfg[1], cfg[2])
+            body.append(f"\\multicolumn{{{ncols}}}{{l}}{{\\emph{{{label}}}}} \\\\")
+        wide = sub.pivot(index="objective", columns="epoch", values="tau")
+        objs = [o for o in ABLATION_OBJECTIVES if o in wide.index]
+        values = [[wide.at[o, e] if e in wide.columns else np.nan for e in epochs] for o in objs]
+        bold = [_best([v[c] for v in values]) for c in range(len(epochs))]
+        for ri, o in enumerate(objs):
+            body.append(_row([ABLATION_LABELS[o]] + [_cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]))
+        body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
+    depths = sorted({int(c[1]) for c in configs})
+    bname = BENCHMARK_LABELS.get(benchmark, tex_escape(benchmark))
+    caption = (
+        f"\\textbf{{Component ablation on {bname} ({'/'.join(f'{d}L' for d in depths)}).}} {bname} $\\tau$ "
+        f"($T{{=}}{_temp_text(temperature)}$) over training epochs for the DFlash baseline, D-PACE, and its two "
+        "component-ablation variants (continuation-only, cumulative-only)."
+    )
+    return _table(body, spec="l" + "c" * len(epochs), caption=caption, label="tab:ablation-trajectory")
+
+
+# --------------------------------------------------------------------------------------------
+# Table 4: smoothing sweep
+# --------------------------------------------------------------------------------------------
+
+
+def table_smoothing(
+    metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0, default_alpha: float = 0.5
+) -> str:
+    """Table 4 (``tab:smoothing-sweep``): average tau per alpha (D-PACE) plus DFlash, one row per
+    (target, depth, B) of group ``smoothing``; best per row bold.
+
+    Runs the sweep shares with other experiments (DFlash, D-PACE at the default alpha) are borrowed
+    from groups ``main`` then ``block_size`` when the smoothing group lacks them.
+    """
+    df = _prepared(metrics)
+    rows = _complete(df, "smoothing", objectives=("dpace", "dflash"), borrow=("dpace", "dflash"),
+                     key_cols=("objective", "_alpha"), sources=("main", "block_size"))
+    what = "group 'smoothing'"
+    rows = _at_temperature(_final_epoch(rows, epoch, what), temperature, what)
+    avg = benchmark_averages(rows, [*CONFIG, "objective", "_alpha"])
+    dp = avg[(avg["objective"] == "dpace") & (avg["_alpha"] >= 0)]
+    alphas = sorted(dp["_alpha"].unique())
+    if not alphas:
+        raise ValueError(f"{what}: no D-PACE runs")
+    configs = _configs(avg)
+    depths = {int(c[1]) for c in configs}
+
+    n = len(alphas)
+    spec = "l" + "c" * (n + 1)
+    alpha_cells = [
+        f"$\\mathbf{{{_num_text(a)}}}$" if math.isclose(a, default_alpha) else f"${_num_text(a)}$" for a in alphas
+    ]
+    body = [
+        r"\toprule",
+        _row(["", f"\\multicolumn{{{n}}}{{c}}{{D-PACE ($\\alpha$)}}", "DFlash"]),
+        f"\\cmidrule(lr){{2-{n + 1}}} \\cmidrule(lr){{{n + 2}-{n + 2}}}",
+        _row(["", *alpha_cells, "decayed-CE"]),
+        r"\midrule",
+    ]
+    for target, depth, bsize in configs:
+        sub = avg[(avg["target"] == target) & (avg["depth"] == depth) & (avg["block_size"] == bsize)]
+        vals = []
+        for a in alphas:
+            hit = sub[(sub["objective"] == "dpace") & np.isclose(sub["_alpha"], a)]
+            vals.append(hit["tau"].iloc[0] if len(hit) else np.nan)
+        ref = sub[sub["objective"] == "dflash"]
+        vals.append(ref["tau"].iloc[0] if len(ref) else np.nan)
+        bold = _best(vals)
+        tl = tex_escape(_target_label(rows, target))
+        label = f"{tl} ({int(depth)}L, $B{{=}}{int(bsize)}$)" if len(depths) > 1 else f"{tl} ($B{{=}}{int(bsize)}$)"
+        body.append(_row([label] + [_cell(v, b, math_mode=True) for v, b in zip(vals, bold, strict=True)]))
+    body.append(r"\bottomrule")
+    caption = (
+        r"\textbf{Weight smoothing hyperparameter $\alpha$.} Average $\tau$ over the "
+        f"{len(present_benchmarks(rows))} benchmarks ($T{{=}}{_temp_text(temperature)}$) at "
+        f"{_epoch_phrase(rows)} across {len(configs)} draft configuration{'s' if len(configs) > 1 else ''}."
+    )
+    return _table(body, spec=spec, caption=caption, label="tab:smoothing-sweep", tabcolsep="5pt")
+
+
+# --------------------------------------------------------------------------------------------
+# Table 5: block size
+# --------------------------------------------------------------------------------------------
+
+
+def _delta(new: float, old: float) -> str:
+    if not (_finite(new) and _finite(old)) or float(old) == 0.0:
+        return MISSING
+    return f"${100.0 * (float(new) / float(old) - 1.0):+.1f}$"
+
+
+def table_block_size(metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0) -> str:
+    """Table 5 (``tab:block-size``): average SR and tau per block size B, DFlash vs D-PACE, and the
+    relative change Delta(%) (group ``block_size``; the B of the main runs borrowed from ``main``)."""
+    df = _prepared(metrics)
+    rows = _complete(df, "block_size", objectives=("dflash", "dpace"), borrow=("dflash", "dpace"),
+                     config_cols=("target", "depth"), key_cols=("objective", "block_size"))
+    what = "group 'block_size'"
+    rows = _at_temperature(_final_epoch(rows, epoch, what), temperature, what)
+    avg = benchmark_averages(rows, [*CONFIG, "objective"])
+    configs = _configs(avg, ("target", "depth"))
+    body = [
+        r"\toprule",
+        _row(["", r"\multicolumn{2}{c}{DFlash}", r"\multicolumn{2}{c}{D-PACE}", r"\multicolumn{2}{c}{$\Delta$ (\%)}"]),
+        r"\cmidrule(lr){2-3} \cmidrule(lr){4-5} \cmidrule(lr){6-7}",
+        _row(["$B$", "SR", r"$\tau$", "SR", r"$\tau$", "SR", r"$\tau$"]),
+        r"\midrule",
+    ]
+    for ci, (target, depth) in enumerate(configs):
+        sub = avg[(avg["target"] == target) & (avg["depth"] == depth)]
+        if len(configs) > 1:
+            label = f"{tex_escape(_target_label(rows, target))}, {int(depth)}L"
+            body.append(f"\\multicolumn{{7}}{{l}}{{\\emph{{{label}}}}} \\\\")
+        for bsize in sorted(sub["block_size"].astype(int).unique()):
+            at_b = sub[sub["block_size"] == bsize].set_index("objective")
+            val = {
+                (o, c): (at_b.at[o, c] if o in at_b.index else np.nan)
+                for o in ("dflash", "dpace")
+                for c in ("speedup", "tau")
+            }
+            cells = [str(bsize)]
+            bold = {c: _best([val["dflash", c], val["dpace", c]]) for c in ("speedup", "tau")}
+            for i, o in enumerate(("dflash", "dpace")):
+                cells += [_cell(val[o, "speedup"], bold["speedup"][i]), _cell(val[o, "tau"], bold["tau"][i])]
+            cells += [_delta(val["dpace", c], val["dflash", c]) for c in ("speedup", "tau")]
+            body.append(_row(cells))
+        body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
+    targets = [tex_escape(_target_label(rows, t)) for t in dict.fromkeys(c[0] for c in configs)]
+    depths = sorted({int(c[1]) for c in configs})
+    n_b = rows["block_size"].nunique()
+    caption = (
+        r"\textbf{Block size sensitivity.} Average SR and $\tau$ over the "
+        f"{len(present_benchmarks(rows))} benchmarks on {_join_words(targets)} "
+        f"({'/'.join(f'{d}L' for d in depths)}, $T{{=}}{_temp_text(temperature)}$) at {_epoch_phrase(rows)}, "
+        f"across {n_b} block size{'s' if n_b > 1 else ''}."
+    )
+    return _table(body, spec="lcccccc", caption=caption, label="tab:block-size", tabcolsep="3pt")
+
+
+# --------------------------------------------------------------------------------------------
+# Tables 6, extras, normalisation: average SR / tau per method
+# --------------------------------------------------------------------------------------------
+
+
+def _avg_table(
+    rows: pd.DataFrame,
+    *,
+    row_keys: Sequence[str],
+    order: Callable[[tuple], tuple],
+    label_of: Callable[[tuple], str],
+    temperatures: Sequence[float],
+    caption: str,
+    label: str,
+) -> str:
+    """Rows = methods (per configuration), columns = (SR, tau) per temperature, best per column."""
+    keys = [*CONFIG, *row_keys]
+    avgs = {t: benchmark_averages(_at_temperature(rows, t, label), keys) for t in temperatures}
+    configs = _configs(rows)
+    nt = len(temperatures)
+    ncols = 1 + 2 * nt
+    body = [r"\toprule"]
+    if nt > 1:
+        body.append(_row([""] + [f"\\multicolumn{{2}}{{c}}{{$T = {_temp_text(t)}$}}" for t in temperatures]))
+        body.append(" ".join(f"\\cmidrule(lr){{{2 + 2 * i}-{3 + 2 * i}}}" for i in range(nt)))
+    body += [_row(["Method"] + ["SR", r"$\tau$"] * nt), r"\midrule"]
+    for ci, cfg in enumerate(configs):
+        if len(configs) > 1:
+            cl = _config_label(_target_label(rows, cfg[0]), cfg[1], cfg[2])
+            body.append(f"\\multicolumn{{{ncols}}}{{l}}{{\\emph{{{cl}}}}} \\\\")
+        sub_rows = rows[(rows[list(CONFIG)] == pd.Series(cfg, index=list(CONFIG))).all(axis=1)]
+        rkeys = sorted(set(map(tuple, sub_rows[list(row_keys)].itertuples(index=False))), key=order)
+        values = []
+        for rk in rkeys:
+            vals = []
+            for t in temperatures:
+                a = avgs[t]
+                hit = a[(a[keys] == pd.Series((*cfg, *rk), index=keys)).all(axis=1)]
+                vals += [hit["speedup"].iloc[0], hit["tau"].iloc[0]] if len(hit) else [np.nan, np.nan]
+            values.append(vals)
+        bold = [_best([v[c] for v in values]) for c in range(2 * nt)]
+        for ri, rk in enumerate(rkeys):
+            body.append(_row([label_of(rk)] + [_cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]))
+        body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
+    return _table(body, spec="l" + "cc" * nt, caption=caption, label=label)
+
+
+def _temperatures(rows: pd.DataFrame, group: str, temperatures: Sequence[float] | None) -> list[float]:
+    """The requested temperatures, or (None) those the group's own runs were evaluated at."""
+    if temperatures is not None:
+        return list(temperatures)
+    return sorted(rows.loc[rows["group"] == group, "temperature"].astype(float).unique())
+
+
+TARGET_PROB_LABELS: dict[str, str] = {
+    "dflash": "DFlash (decayed-CE)",
+    "dpace-target-prob": "D-PACE (target prob)",
+    "dpace": r"\textbf{D-PACE (draft prob)}",
+}
+
+
+def table_target_prob(
+    metrics: pd.DataFrame, *, epoch: int | None = None, temperatures: Sequence[float] | None = (0.0,)
+) -> str:
+    """Table 6 (``tab:target``): average SR / tau of DFlash, D-PACE (target prob) and D-PACE
+    (group ``target_prob``; DFlash and D-PACE borrowed from ``main``).  ``temperatures=None``
+    renders every temperature present."""
+    df = _prepared(metrics)
+    rows = _complete(df, "target_prob", objectives=tuple(TARGET_PROB_LABELS), borrow=("dflash", "dpace"))
+    what = "group 'target_prob'"
+    rows = _final_epoch(rows, epoch, what)
+    temps = _temperatures(rows, "target_prob", temperatures)
+    depths = sorted(rows["depth"].astype(int).unique())
+    caption = (
+        r"\textbf{Target-probability surrogate.} Average SR and $\tau$ over the "
+        f"{len(present_benchmarks(rows))} benchmarks on the {'/'.join(f'{d}L' for d in depths)} draft at "
+        f"{_epoch_phrase(rows)} ($T{{=}}{', '.join(_temp_text(t) for t in temps)}$). \\emph{{D-PACE (target prob)}} "
+        "replaces the draft probability with the target probability on the same token in the D-PACE weight."
+    )
+    return _avg_table(
+        rows,
+        row_keys=("objective",),
+        order=lambda k: (_objective_rank(k[0]), k[0]),
+        label_of=lambda k: TARGET_PROB_LABELS[k[0]],
+        temperatures=temps,
+        caption=caption,
+        label="tab:target",
+    )
+
+
+def table_objectives_extra(
+    metrics: pd.DataFrame, *, epoch: int | None = None, temperatures: Sequence[float] | None = None
+) -> str:
+    """Extension table (``tab:objectives-extra``): average SR / tau per temperature of the extra
+    objectives (group ``extras``: D-PAKL, PARD-2 CAT, ...) next to the main DFlash / D-PACE runs of
+    the same target, depth and block size."""
+    df = _prepared(metrics)
+    rows = _complete(df, "extras", borrow=("dflash", "dpace"))
+    what = "group 'extras'"
+    rows = _final_epoch(rows, epoch, what)
+    temps = _temperatures(rows, "extras", temperatures)
+    caption = (
+        r"\textbf{Further objectives.} Average SR and $\tau$ over the "
+        f"{len(present_benchmarks(rows))} benchmarks at {_epoch_phrase(rows)} ($T{{=}}{', '.join(map(_temp_text, temps))}$): "
+        "the DFlash baseline and D-PACE "
+        r"next to D-PAKL (the KL-distillation variant of D-PACE) and the PARD-2 CAT objective."
+    )
+    return _avg_table(
+        rows,
+        row_keys=("objective",),
+        order=lambda k: (_objective_rank(k[0]), k[0]),
+        label_of=lambda k: _bold_if(objective_label(k[0], _k_of(rows, k[0])), k[0] == "dpace"),
+        temperatures=temps,
+        caption=caption,
+        label="tab:objectives-extra",
+    )
+
+
+def _normalize_rank(value: str) -> int:
+    return NORMALIZE_ORDER.index(value) if value in NORMALIZE_ORDER else len(NORMALIZE_ORDER)
+
+
+def table_normalization(
+    metrics: pd.DataFrame, *, epoch: int | None = None, temperatures: Sequence[float] | None = None
+) -> str:
+    """Extension table (``tab:normalization``): average SR / tau per temperature of D-PACE under each
+    loss normalisation (group ``normalization``), with the main DFlash run as reference."""
+    df = _prepared(metrics, extra=("normalize",))
+    rows = _complete(df, "normalization", borrow=("dflash",), key_cols=("objective", "normalize"))
+    what = "group 'normalization'"
+    rows = _final_epoch(rows, epoch, what)
+    temps = _temperatures(rows, "normalization", temperatures)
+
+    def label_of(k: tuple) -> str:
+        obj, norm = k
+        if obj == "dflash":
+            return "DFlash (decayed-CE)"
+        return f"{objective_label(obj)} ({tex_escape(norm)})"
+
+    caption = (
+        r"\textbf{Loss normalisation.} Average SR and $\tau$ over the "
+        f"{len(present_benchmarks(rows))} benchmarks at {_epoch_phrase(rows)} ($T{{=}}{', '.join(map(_temp_text, temps))}$) "
+        "for D-PACE normalised per batch, "
+        "per anchor, by the weight sum or per token, with the DFlash baseline as reference."
+    )
+    return _avg_table(
+        rows,
+        row_keys=("objective", "normalize"),
+        order=lambda k: (k[0] != "dflash", _objective_rank(k[0]), _normalize_rank(k[1]), k[1]),
+        label_of=label_of,
+        temperatures=temps,
+        caption=caption,
+        label="tab:normalization",
+    )
+
+
+# --------------------------------------------------------------------------------------------
+# Table 7: training time
+# --------------------------------------------------------------------------------------------
+
+
+def _mmss(seconds: object) -> str:
+    if not _finite(seconds):
+        return MISSING
+    total = int(round(float(seconds)))  # type: ignore[arg-type]
+    h, rest = divmod(total, 3600)
+    m, s = divmod(rest, 60)
+    return f"{h}:{m:02d}:{s:02d}" if h else f"{m}:{s:02d}"
+
+
+def _select_timing_runs(
+    train_runs: pd.DataFrame, variants: Sequence[str] | None, metrics: pd.DataFrame | None
+) -> pd.DataFrame:
+    runs = train_runs[train_runs["objective"].isin(["dflash", "dpace"])]
+    if variants is not None:
+        runs = runs[runs["variant"].isin(list(variants))]
+    elif runs.groupby("objective")["variant"].nunique().max() > 1:
+        info = None
+        if metrics is not None:
+            _require_columns(metrics, ("variant", "group", "depth"), "metrics")
+            info = metrics[["variant", "group", "depth"]].drop_duplicates("variant")
+        elif {"group", "depth"} <= set(runs.columns):
+            info = runs[["variant", "group", "depth"]]
+        if info is None:
+            raise ValueError(
+                "train_runs has several DFlash / D-PACE runs "
+                f"({sorted(runs['variant'])}); pass variants= or metrics= to pick the main pair"
+            )
+        runs = runs.drop(columns=[c for c in ("group", "depth") if c in runs.columns])
+        runs = runs.merge(info, on="variant", how="inner")
+        runs = runs[runs["group"] == "main"]
+        runs = runs[runs["depth"] == runs["depth"].min()]
+    if runs.empty:
+        raise ValueError("train_runs has no DFlash / D-PACE run to compare")
+    if runs.groupby("objective")["variant"].nunique().max() > 1:
+        raise ValueError(f"train_runs: several runs per objective remain: {sorted(runs['variant'])}")
+    return runs
+
+
+def table_training_time(
+    train_runs: pd.DataFrame,
+    *,
+    variants: Sequence[str] | None = None,
+    metrics: pd.DataFrame | None = None,
+) -> str:
+    """Table 7 (``tab:training-time``): time per epoch (m:ss) and per step (ms), DFlash vs D-PACE.
+
+    With several DFlash / D-PACE runs, pick them with ``variants=`` or let ``metrics`` (its
+    ``variant``, ``group``, ``depth``) select the shallowest runs of group ``main``.
+    """
+    _require_columns(train_runs, TRAIN_RUN_COLUMNS, "train_runs")
+    runs = _select_timing_runs(train_runs, variants, metrics)
+    by_obj = {o: runs[runs["objective"] == o].iloc[0] for o in ("dflash", "dpace") if (runs["objective"] == o).any()}
+    labels = {"dflash": "DFlash (decayed-CE)", "dpace": r"\textbf{D-PACE}"}
+    body = [r"\toprule", _row(["Method", "per epoch", "per step"]), r"\midrule"]
+    for o, r in by_obj.items():
+        step = f"{float(r['time_per_step_s']) * 1000:.0f}~ms" if _finite(r["time_per_step_s"]) else MISSING
+        body.append(_row([labels[o], _mmss(r["time_per_epoch_s"]), step]))
+    body.append(r"\bottomrule")
+
+    bsizes = sorted({int(r["block_size"]) for r in by_obj.values()})
+    depth = ""
+    if "depth" in runs.columns and runs["depth"].nunique() == 1:
+        depth = f"{int(runs['depth'].iloc[0])}L "
+    caption = f"Training wall-clock for the {depth}draft ($B{{=}}{'/'.join(map(str, bsizes))}$)."
+    steps = {int(r["steps"]) for r in by_obj.values() if _finite(r["steps"])}
+    if len(steps) == 1:
+        caption += f" Per-step time averages over {next(iter(steps)):,} iterations.".replace(",", "{,}")
+    if len(by_obj) == 2:
+        a, b = (float(by_obj[o]["time_per_step_s"]) for o in ("dflash", "dpace"))
+        if _finite(a) and _finite(b) and a > 0:
+            caption += f" D-PACE changes the per-step time by ${100 * (b / a - 1):+.1f}\\%$."
+    return _table(body, spec="lcc", caption=caption, label="tab:training-time")
+
+
+# --------------------------------------------------------------------------------------------
+# Table 8: confidence--acceptance correlation
+# --------------------------------------------------------------------------------------------
+
+
+def select_blocks(
+    blocks: pd.DataFrame,
+    *,
+    variant: str | None = None,
+    benchmark: str | None = "math500",
+    temperature: float | None = 0.0,
+) -> pd.DataFrame:
+    """Per-block records of one variant on ``benchmark`` at ``temperature`` (None: no filter)."""
+    _require_columns(blocks, BLOCK_COLUMNS, "blocks")
+    rows = blocks
+    if benchmark is not None:
+        rows = rows[rows["benchmark"] == benchmark]
+    if temperature is not None:
+        rows = rows[np.isclose(rows["temperature"].astype(float), float(temperature))]
+    if variant is not None:
+        rows = rows[rows["variant"] == variant]
+    elif rows["variant"].nunique() > 1:
+        raise ValueError(f"blocks holds several variants {sorted(rows['variant'].unique())}; pass variant=")
+    rows = rows.dropna(subset=["tau_block", "sum_q", "surrogate"])
+    if len(rows) < 3:
+        raise ValueError(
+            f"blocks: {len(rows)} usable block(s) for variant={variant!r}, benchmark={benchmark!r}, "
+            f"temperature={temperature!r}; need at least 3"
+        )
+    return rows
+
+
+def block_correlations(blocks: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """Spearman (rho, p) of ``sum_q`` and of ``surrogate`` with ``tau_block``."""
+    out = {}
+    for col in ("sum_q", "surrogate"):
+        res = stats.spearmanr(blocks[col].astype(float), blocks["tau_block"].astype(float))
+        out[col] = (float(res.statistic), float(res.pvalue))
+    return out
+
+
+def _pvalue_text(p: float) -> str:
+    if not _finite(p):
+        return MISSING
+    if p < 1e-10:
+        return r"$<10^{-10}$"
+    if p < 1e-3:
+        mant, exp = f"{p:.1e}".split("e")
+        return f"${mant}\\times 10^{{{int(exp)}}}$"
+    return f"${p:.3f}$"
+
+
+def table_correlation(
+    blocks: pd.DataFrame,
+    *,
+    variant: str | None = None,
+    benchmark: str | None = "math500",
+    temperature: float | None = 0.0,
+) -> str:
+    """Table 8 (``tab:correlation``): Spearman rho (and p) of ``sum_q`` and of the surrogate
+    ``S~`` with the per-block emitted length; the larger rho bold."""
+    rows = select_blocks(blocks, variant=variant, benchmark=benchmark, temperature=temperature)
+    corr = block_correlations(rows)
+    rhos = [corr["sum_q"][0], corr["surrogate"][0]]
+    bold = _best(rhos)
+    names = [r"$\sum_i q_i$", r"$\tilde S = \sum_{k}\prod_{i\le k} q_i$"]
+    body = [r"\toprule", _row(["Per-block statistic", r"Spearman $\rho$", "$p$"]), r"\midrule"]
+    for name, col, b in zip(names, ("sum_q", "surrogate"), bold, strict=True):
+        rho, p = corr[col]
+        body.append(_row([name, _cell(rho, b, math_mode=True), _pvalue_text(p)]))
+    body.append(r"\bottomrule")
+    n_prompts = rows["prompt_index"].nunique() if "prompt_index" in rows.columns else None
+    where = f" on {n_prompts} {BENCHMARK_LABELS.get(benchmark, tex_escape(benchmark))} prompts" if (
+        n_prompts and benchmark) else ""
+    caption = (
+        r"Per-block Spearman rank correlation between reported $\tau_b$ and two block-level confidence "
+        f"statistics over {len(rows)} blocks{where} (variant {tex_escape(rows['variant'].iloc[0])}). "
+        r"$\sum_i q_i$ sums per-position draft confidence, while $\tilde S=\sum_{k=1}^{B}\prod_{i\le k}q_i$ "
+        r"sums cumulative prefix-confidence terms."
+    )
+    return _table(body, spec="lcc", caption=caption, label="tab:correlation", placement="h")
+
+
+__all__ = [
+    "BENCHMARKS",
+    "BENCHMARK_LABELS",
+    "OBJECTIVE_LABELS",
+    "OBJECTIVE_ORDER",
+    "ablation_trajectories",
+    "benchmark_averages",
+    "block_correlations",
+    "fmt",
+    "objective_label",
+    "present_benchmarks",
+    "select_blocks",
+    "table_ablation",
+    "table_block_size",
+    "table_correlation",
+    "table_cross_model",
+    "table_main",
+    "table_normalization",
+    "table_objectives_extra",
+    "table_smoothing",
+    "table_target_prob",
+    "table_training_time",
+]

@@ -1,0 +1,295 @@
+"""LaTeX tables rendered from the hand-made fixtures in tests/data.
+
+Fixture design (tests/data/metrics.csv, one final epoch = 2 unless stated):
+
+* main, SmolLM2-135M, B=16: tau = base + 0.5 (depth - 1) - 0.25 T + offset(benchmark) with
+  base DFlash 3.00 / Top-3 2.90 / D-PACE 3.40, offsets averaging to 0, SR = tau - 1; Accept-rate is
+  constant (tau 1.03 at 1L, 1.04 at 2L, SR 0.77).  Exception: DFlash 1L T=1 MT-Bench tau +1.0 (DFlash
+  wins that cell).  Epoch-1 D-PACE 1L T=0 rows hold 9.99 and must never show.
+* cross_model: Llama-Mini (B=10) and Qwen-Mini (B=16); Qwen-Mini Alpaca SR favours DFlash.
+* ablation: MATH-500 tau over epochs 1..3; cumulative-only wins epoch 3.
+* smoothing / block_size / target_prob / extras / normalization: constant tau per run (averages are
+  the constants); the runs they share with main / block_size are borrowed.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+import pandas as pd
+import pytest
+from scipy import stats
+
+from dpace import tables
+
+DATA = Path(__file__).parent / "data"
+NUMBER = re.compile(r"\d\.\d\d|--|~ms|\d:\d\d")
+
+
+@pytest.fixture(scope="module")
+def metrics() -> pd.DataFrame:
+    return pd.read_csv(DATA / "metrics.csv")
+
+
+@pytest.fixture(scope="module")
+def blocks() -> pd.DataFrame:
+    return pd.read_csv(DATA / "blocks.csv")
+
+
+@pytest.fixture(scope="module")
+def train_runs() -> pd.DataFrame:
+    return pd.read_csv(DATA / "train_runs.csv")
+
+
+# ---------------------------------------------------------------- parsing helpers
+
+
+def split_cells(row: str) -> list[str]:
+    assert row.endswith(r"\\"), row
+    return [c.strip() for c in re.split(r"(?<!\\)&", row[: -2])]
+
+
+def width(row: str) -> int:
+    total = 0
+    for cell in split_cells(row):
+        m = re.match(r"\\multicolumn\{(\d+)\}", cell)
+        total += int(m.group(1)) if m else 1
+    return total
+
+
+def parse(latex: str) -> tuple[int, list[str], list[str]]:
+    """(column count of the tabular spec, all body lines, data rows)."""
+    spec = re.search(r"\\begin\{tabular\}\{([^}]*)\}", latex).group(1)
+    ncols = len(re.findall(r"[lcr]", spec))
+    body = latex.split(r"\begin{tabular}{" + spec + "}", 1)[1].split(r"\end{tabular}", 1)[0]
+    lines = [ln.strip() for ln in body.strip().splitlines() if ln.strip()]
+    rows = [ln for ln in lines if ln.endswith(r"\\")]
+    data = [r for r in rows if NUMBER.search(r) and not r.startswith(r"\multicolumn")]
+    return ncols, lines, data
+
+
+def check_structure(latex: str, n_data: int, n_cols: int, label: str) -> list[str]:
+    ncols, lines, data = parse(latex)
+    assert ncols == n_cols
+    assert lines[0] == r"\toprule" and lines[-1] == r"\bottomrule"
+    assert r"\midrule" in lines
+    assert latex.startswith(r"\begin{table}") and latex.rstrip().endswith(r"\end{table}")
+    assert f"\\label{{{label}}}" in latex and r"\caption{" in latex
+    for row in (ln for ln in lines if ln.endswith(r"\\")):
+        assert width(row) == ncols, row
+    assert len(data) == n_data
+    return [split_cells(r) for r in data]
+
+
+def is_bold(cell: str) -> bool:
+    return r"\textbf{" in cell or r"\mathbf{" in cell
+
+
+# ---------------------------------------------------------------- Table 1
+
+
+def test_table_main(metrics):
+    latex = tables.table_main(metrics)
+    rows = check_structure(latex, n_data=16, n_cols=16, label="tab:main")
+    assert latex.count(r"\multirow{4}{*}{1L}") == 2 and latex.count(r"\multirow{4}{*}{2L}") == 2
+    assert r"\emph{Temperature} $T = 0$" in latex and r"\emph{Temperature} $T = 1$" in latex
+    assert "9.99" not in latex  # epoch 1 is not the final epoch
+    names = [r[1] for r in rows[:4]]
+    assert names == ["DFlash", "Top-3 prefix mask", "Accept-rate", r"\textbf{D-PACE}"]
+    # T=0, 1L: D-PACE best everywhere -> every number bold, DFlash none
+    t0_dflash, t0_dpace = rows[0], rows[3]
+    assert t0_dflash[2:] == ["2.40", "3.40", "2.80", "3.80", "2.40", "3.40", "2.20", "3.20",
+                             "1.40", "2.40", "0.80", "1.80", "2.00", "3.00"]
+    assert t0_dpace[2:4] == [r"\textbf{2.80}", r"\textbf{3.80}"]
+    assert t0_dpace[-2:] == [r"\textbf{2.40}", r"\textbf{3.40}"]
+    assert all(is_bold(c) for c in t0_dpace[2:])
+    assert not any(is_bold(c) for r in rows[:3] for c in r[2:])
+    # T=1, 1L MT-Bench (columns 10, 11): DFlash wins this cell only
+    t1_dflash, t1_dpace = rows[8], rows[11]
+    assert t1_dflash[10:12] == [r"\textbf{2.15}", r"\textbf{3.15}"]
+    assert t1_dpace[10:12] == ["1.55", "2.55"]
+    assert t1_dflash[-2:] == ["1.92", "2.92"]  # averages include the MT-Bench bump: 2.75 + 1/6
+    assert t1_dpace[-2:] == [r"\textbf{2.15}", r"\textbf{3.15}"]
+    # 2L, T=0 accept-rate row
+    assert rows[6][2:4] == ["0.77", "1.04"]
+
+
+def test_table_main_missing_benchmark_gives_dashes(metrics):
+    drop = (metrics["variant"] == "main-dflash-d1") & (metrics["temperature"] == 0) & (metrics["benchmark"] == "alpaca")
+    latex = tables.table_main(metrics[~drop])
+    rows = check_structure(latex, n_data=16, n_cols=16, label="tab:main")
+    assert rows[0][12:] == ["--", "--", "--", "--"]  # Alpaca and the average
+    assert rows[3][-2:] == [r"\textbf{2.40}", r"\textbf{3.40}"]
+
+
+def test_table_main_duplicate_runs_raise(metrics):
+    dup = metrics[metrics["variant"] == "main-dflash-d1"].assign(variant="main-dflash-d1-bis")
+    with pytest.raises(ValueError, match="several rows"):
+        tables.table_main(pd.concat([metrics, dup]))
+
+
+# ---------------------------------------------------------------- Table 2
+
+
+def test_table_cross_model(metrics):
+    latex = tables.table_cross_model(metrics)
+    rows = check_structure(latex, n_data=4, n_cols=8, label="tab:cross-model")
+    assert r"\multirow{2}{*}{Llama-Mini}" in rows[0][0] and r"\multirow{2}{*}{Qwen-Mini}" in rows[2][0]
+    assert rows[0][1:3] == ["DFlash", "1.80 / 2.60"]
+    assert rows[1][1:3] == [r"\textbf{D-PACE}", r"\textbf{2.10 / 2.90}"]
+    # Qwen-Mini Alpaca: DFlash has the better SR, D-PACE the better tau
+    assert rows[2][-1] == r"\textbf{2.10} / 2.50"
+    assert rows[3][-1] == r"2.00 / \textbf{2.80}"
+    assert "SmolLM2" not in latex
+
+
+def test_table_cross_model_single_target_fallback(metrics):
+    latex = tables.table_cross_model(metrics[metrics["group"] != "cross_model"])
+    rows = check_structure(latex, n_data=2, n_cols=8, label="tab:cross-model")
+    assert "SmolLM2-135M" in rows[0][0]
+    assert rows[0][2] == "2.40 / 3.40" and rows[1][2] == r"\textbf{2.80 / 3.80}"  # main 1L, GSM8K
+
+
+# ---------------------------------------------------------------- Table 3
+
+
+def test_table_ablation(metrics):
+    latex = tables.table_ablation(metrics)
+    rows = check_structure(latex, n_data=4, n_cols=4, label="tab:ablation-trajectory")
+    assert [r[0] for r in rows] == ["DFlash (decayed-CE)", "continuation-only", "cumulative-only",
+                                    r"\textbf{D-PACE (full)}"]
+    assert rows[0][1:] == ["3.00", "3.40", "3.60"]
+    assert rows[2][1:] == ["3.30", "3.80", r"\textbf{4.00}"]
+    assert rows[3][1:] == [r"\textbf{3.35}", r"\textbf{3.85}", "3.95"]
+    assert "9.00" not in latex  # GSM8K row ignored
+    assert "Epoch & 1 & 2 & 3" in latex
+
+
+# ---------------------------------------------------------------- Table 4
+
+
+def test_table_smoothing(metrics):
+    latex = tables.table_smoothing(metrics)
+    rows = check_structure(latex, n_data=2, n_cols=5, label="tab:smoothing-sweep")
+    assert r"& $0.0$ & $\mathbf{0.5}$ & $0.9$ & decayed-CE \\" in latex
+    b8, b16 = rows
+    assert b8[0] == r"SmolLM2-135M ($B{=}8$)"
+    # alpha 0.5 and DFlash for B=8 come from the block_size group, for B=16 from main
+    assert b8[1:] == ["$1.02$", "$3.10$", r"$\mathbf{3.15}$", "$2.90$"]
+    assert b16[1:] == ["$1.02$", r"$\mathbf{3.40}$", "$3.20$", "$3.00$"]
+
+
+# ---------------------------------------------------------------- Table 5
+
+
+def test_table_block_size(metrics):
+    latex = tables.table_block_size(metrics)
+    rows = check_structure(latex, n_data=3, n_cols=7, label="tab:block-size")
+    assert [r[0] for r in rows] == ["4", "8", "16"]
+    assert rows[0][1:] == [r"\textbf{1.50}", "2.50", "1.45", r"\textbf{2.60}", "$-3.3$", "$+4.0$"]
+    assert rows[1][1:] == ["1.90", "2.90", r"\textbf{2.10}", r"\textbf{3.10}", "$+10.5$", "$+6.9$"]
+    assert rows[2][1:] == ["2.00", "3.00", r"\textbf{2.40}", r"\textbf{3.40}", "$+20.0$", "$+13.3$"]  # from main
+
+
+# ---------------------------------------------------------------- Table 6
+
+
+def test_table_target_prob(metrics):
+    latex = tables.table_target_prob(metrics)
+    rows = check_structure(latex, n_data=3, n_cols=3, label="tab:target")
+    assert rows == [
+        ["DFlash (decayed-CE)", "2.00", "3.00"],
+        ["D-PACE (target prob)", "2.20", "3.20"],
+        [r"\textbf{D-PACE (draft prob)}", r"\textbf{2.40}", r"\textbf{3.40}"],
+    ]
+
+
+# ---------------------------------------------------------------- Table 7
+
+
+def test_table_training_time(train_runs, metrics):
+    with pytest.raises(ValueError, match="several DFlash / D-PACE runs"):
+        tables.table_training_time(train_runs)
+    latex = tables.table_training_time(train_runs, metrics=metrics)
+    rows = check_structure(latex, n_data=2, n_cols=3, label="tab:training-time")
+    assert rows == [["DFlash (decayed-CE)", "2:24", "173~ms"], [r"\textbf{D-PACE}", "2:28", "177~ms"]]
+    assert "49{,}993 iterations" in latex and r"$+2.3\%$" in latex and "1L draft ($B{=}16$)" in latex
+    rows = check_structure(
+        tables.table_training_time(train_runs, variants=["main-dflash-d2", "main-dpace-d2"]),
+        n_data=2, n_cols=3, label="tab:training-time",
+    )
+    assert rows[0][1:] == ["3:21", "241~ms"] and rows[1][1:] == ["3:27", "248~ms"]
+
+
+# ---------------------------------------------------------------- Table 8
+
+
+def test_table_correlation(blocks):
+    latex = tables.table_correlation(blocks)
+    rows = check_structure(latex, n_data=2, n_cols=3, label="tab:correlation")
+    sel = blocks[(blocks["benchmark"] == "math500") & (blocks["temperature"] == 0.0)]
+    assert len(sel) == 20
+    rho_q = stats.spearmanr(sel["sum_q"], sel["tau_block"]).statistic
+    rho_s = stats.spearmanr(sel["surrogate"], sel["tau_block"]).statistic
+    assert rho_s > rho_q
+    assert rows[0][1] == f"${rho_q:.2f}$"
+    assert rows[1][1] == f"$\\mathbf{{{rho_s:.2f}}}$"
+    assert not is_bold(rows[0][1])
+    assert rows[1][2] == r"$<10^{-10}$" and rows[0][2].startswith("$") and r"\times 10^{" in rows[0][2]
+    assert "20 blocks on 4 MATH-500 prompts" in latex
+
+
+def test_table_correlation_needs_one_variant(blocks):
+    two = pd.concat([blocks, blocks.assign(variant="other")])
+    with pytest.raises(ValueError, match="several variants"):
+        tables.table_correlation(two)
+    assert "other" in tables.table_correlation(two, variant="other")
+
+
+# ---------------------------------------------------------------- extension tables
+
+
+def test_table_objectives_extra(metrics):
+    latex = tables.table_objectives_extra(metrics)
+    rows = check_structure(latex, n_data=4, n_cols=5, label="tab:objectives-extra")
+    assert r"\multicolumn{2}{c}{$T = 0$}" in latex and r"\multicolumn{2}{c}{$T = 1$}" in latex
+    assert rows[0] == ["DFlash", "2.00", "3.00", "1.92", "2.92"]  # borrowed from main (1L, B=16)
+    assert rows[1] == ["D-PAKL", r"\textbf{2.50}", r"\textbf{3.50}", r"\textbf{2.20}", r"\textbf{3.20}"]
+    assert rows[2] == ["PARD-2 CAT", "2.10", "3.10", "1.90", "2.90"]
+    assert rows[3] == [r"\textbf{D-PACE}", "2.40", "3.40", "2.15", "3.15"]
+
+
+def test_table_normalization(metrics):
+    latex = tables.table_normalization(metrics)
+    rows = check_structure(latex, n_data=5, n_cols=3, label="tab:normalization")
+    assert [r[0] for r in rows] == ["DFlash (decayed-CE)", "D-PACE (batch)", "D-PACE (anchor)",
+                                    "D-PACE (weight)", "D-PACE (token)"]
+    assert rows[2][1:] == [r"\textbf{2.45}", r"\textbf{3.45}"]
+    assert rows[1][1:] == ["2.30", "3.30"] and rows[0][1:] == ["2.00", "3.00"]
+
+
+# ---------------------------------------------------------------- missing groups
+
+
+@pytest.mark.parametrize(
+    ("func", "group", "drop"),
+    [
+        (tables.table_main, "main", ["main"]),
+        (tables.table_cross_model, "cross_model", ["cross_model", "main"]),
+        (tables.table_ablation, "ablation", ["ablation"]),
+        (tables.table_smoothing, "smoothing", ["smoothing"]),
+        (tables.table_block_size, "block_size", ["block_size"]),
+        (tables.table_target_prob, "target_prob", ["target_prob"]),
+        (tables.table_objectives_extra, "extras", ["extras"]),
+        (tables.table_normalization, "normalization", ["normalization"]),
+    ],
+)
+def test_missing_group_raises(metrics, func, group, drop):
+    with pytest.raises(ValueError, match=f"'{group}'"):
+        func(metrics[~metrics["group"].isin(drop)])
+
+
+def test_missing_column_raises(metrics):
+    with pytest.raises(ValueError, match="speedup"):
+        tables.table_main(metrics.drop(columns="speedup"))
