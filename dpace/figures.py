@@ -162,8 +162,9 @@ def motivation_data(
     groups: Sequence[str] = ("main", "cross_model"),
     epoch: int | None = None,
 ) -> dict[str, object]:
-    """Everything Figure 1 draws: the selected blocks, their bins, Spearman rho and the bars."""
-    sel = tables.select_blocks(blocks, variant=variant, benchmark=benchmark, temperature=temperature)
+    """Everything Figure 1 draws: the selected blocks, their bins, Spearman rho and the bars
+    (``epoch`` selects both the blocks' epoch, when recorded, and the bars' epoch)."""
+    sel = tables.select_blocks(blocks, variant=variant, benchmark=benchmark, temperature=temperature, epoch=epoch)
     rho = tables.block_correlations(sel)["surrogate"][0]
     return {
         "blocks": sel,

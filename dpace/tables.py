@@ -944,8 +944,12 @@ def select_blocks(
     variant: str | None = None,
     benchmark: str | None = "math500",
     temperature: float | None = 0.0,
+    epoch: int | None = None,
 ) -> pd.DataFrame:
-    """Per-block records of one variant on ``benchmark`` at ``temperature`` (None: no filter)."""
+    """Per-block records of one variant on ``benchmark`` at ``temperature`` (None: no filter).
+
+    When ``blocks`` has an ``epoch`` column, only ``epoch`` (default: the latest one) is kept.
+    """
     _require_columns(blocks, BLOCK_COLUMNS, "blocks")
     rows = blocks
     if benchmark is not None:
@@ -956,6 +960,8 @@ def select_blocks(
         rows = rows[rows["variant"] == variant]
     elif rows["variant"].nunique() > 1:
         raise ValueError(f"blocks holds several variants {sorted(rows['variant'].unique())}; pass variant=")
+    if "epoch" in rows.columns and len(rows):
+        rows = rows[rows["epoch"] == (rows["epoch"].max() if epoch is None else epoch)]
     rows = rows.dropna(subset=["tau_block", "sum_q", "surrogate"])
     if len(rows) < 3:
         raise ValueError(
@@ -991,10 +997,11 @@ def table_correlation(
     variant: str | None = None,
     benchmark: str | None = "math500",
     temperature: float | None = 0.0,
+    epoch: int | None = None,
 ) -> str:
     """Table 8 (``tab:correlation``): Spearman rho (and p) of ``sum_q`` and of the surrogate
     ``S~`` with the per-block emitted length; the larger rho bold."""
-    rows = select_blocks(blocks, variant=variant, benchmark=benchmark, temperature=temperature)
+    rows = select_blocks(blocks, variant=variant, benchmark=benchmark, temperature=temperature, epoch=epoch)
     corr = block_correlations(rows)
     rhos = [corr["sum_q"][0], corr["surrogate"][0]]
     bold = _best(rhos)

@@ -247,6 +247,14 @@ def test_table_correlation_needs_one_variant(blocks):
     assert "other" in tables.table_correlation(two, variant="other")
 
 
+def test_table_correlation_uses_latest_epoch(blocks):
+    early = blocks.assign(epoch=1, tau_block=blocks["tau_block"].iloc[::-1].to_numpy())
+    latex = tables.table_correlation(pd.concat([early, blocks.assign(epoch=2)]))
+    sel = blocks[(blocks["benchmark"] == "math500") & (blocks["temperature"] == 0.0)]
+    rho_s = stats.spearmanr(sel["surrogate"], sel["tau_block"]).statistic
+    assert f"$\\mathbf{{{rho_s:.2f}}}$" in latex and "20 blocks" in latex
+
+
 # ---------------------------------------------------------------- extension tables
 
 
