@@ -1,0 +1,569 @@
+"""dpace.objectives against naive transcriptions of the paper's formulas.
+
+The naive reference works block by block in plain Python: it drops the block's invalid
+positions (no-ops in products, excluded from sums) and then applies the paper's formula
+literally with O(B^2) loops; only dflash keeps absolute block positions, like the released
+code. CE_j is built per position with autograd so gradients can be compared as well.
+"""
+
+from __future__ import annotations
+
+import math
+
+import pytest
+import torch
+import torch.nn.functional as F
+
+from dpace.objectives import (
+    DEFAULT_NORMALIZATION,
+    NEEDS_TARGET_LOGITS,
+    OBJECTIVES,
+    ObjectiveTerms,
+    block_loss,
+    canonical_objective,
+    default_gamma,
+    normalize_terms,
+    objective_terms,
+    position_weights,
+    resolve_hparams,
+)
+
+DTYPE = torch.float64
+VOCAB = 7
+DPACE_FAMILY = ("dpace", "dpace-cumulative", "dpace-continuation", "dpace-target-prob", "dpakl")
+
+
+def make_inputs(block_size, batch=2, blocks=3, seed=0, empty_block=True):
+    """Random logits/targets/masks; z* is the draft argmax half the time so accept lengths > 0."""
+    generator = torch.Generator().manual_seed(seed)
+    draft_logits = 2.0 * torch.randn(batch, blocks, block_size, VOCAB, generator=generator, dtype=DTYPE)
+    target_logits = 2.0 * torch.randn(batch, blocks, block_size, VOCAB, generator=generator, dtype=DTYPE)
+    random_ids = torch.randint(0, VOCAB, (batch, blocks, block_size), generator=generator)
+    use_argmax = torch.rand(batch, blocks, block_size, generator=generator) < 0.5
+    target_ids = torch.where(use_argmax, draft_logits.argmax(-1), random_ids)
+    valid = torch.rand(batch, blocks, block_size, generator=generator) < 0.75
+    valid[..., 0] = False  # the anchor is never supervised
+    valid[0, 0, 1] = True
+    if empty_block:
+        valid[1, 0] = False
+    return draft_logits.requires_grad_(True), target_ids, valid, target_logits
+
+
+def hparams_for(objective):
+    return {"gamma": 3.0} if objective == "dflash" else {}
+
+
+# --------------------------------------------------------------------------- naive reference
+
+
+def prod(values):
+    result = 1.0
+    for value in values:
+        result = result * value
+    return result
+
+
+def naive_block(objective, logits, ids, valid, target_logits, alpha=0.5, gamma=3.0, k=3):
+    """Per-block (loss numerator tensor, weights {j: w_j}, q {j: q_j}) straight from the paper."""
+    positions = [j for j in range(len(ids)) if valid[j]]
+    z = [int(ids[j]) for j in positions]
+    draft_log_probs = [torch.log_softmax(logits[j], dim=0) for j in positions]
+    target_probs = [torch.softmax(target_logits[j], dim=0).tolist() for j in positions]
+    if objective == "dpakl":  # C_j = -sum_x p_j(x) log q(x)
+        ce = [
+            -sum(p[x] * lq[x] for x in range(VOCAB))
+            for p, lq in zip(target_probs, draft_log_probs, strict=True)
+        ]
+    else:  # CE_j = -log q_j
+        ce = [-lq[zj] for lq, zj in zip(draft_log_probs, z, strict=True)]
+    q = [math.exp(-float(c.detach())) for c in ce]  # sg(q_j)
+    count = len(positions)
+
+    def dpace_weights(conf):
+        smooth = [(1 - alpha) * c + alpha for c in conf]
+        cumulative = [prod(smooth[: t + 1]) for t in range(count)]
+        continuation = [
+            1 + sum(prod(smooth[t + 1 : m + 1]) for m in range(t + 1, count)) for t in range(count)
+        ]
+        full = [sum(prod(smooth[: m + 1]) for m in range(t, count)) for t in range(count)]
+        return cumulative, continuation, full
+
+    if objective == "dflash":
+        weights = [math.exp(-(j - 1) / gamma) for j in positions]
+    elif objective in ("dpace", "dpakl"):
+        weights = dpace_weights(q)[2]
+    elif objective == "dpace-cumulative":
+        weights = dpace_weights(q)[0]
+    elif objective == "dpace-continuation":
+        weights = dpace_weights(q)[1]
+    elif objective == "dpace-target-prob":
+        weights = dpace_weights([p[zj] for p, zj in zip(target_probs, z, strict=True)])[2]
+    elif objective == "topk-prefix":
+        ranked = [
+            sorted(range(VOCAB), key=lambda x, j=j: -float(logits[j, x].detach()))[:k] for j in positions
+        ]
+        weights = [prod(1.0 if z[i] in ranked[i] else 0.0 for i in range(t)) for t in range(count)]
+    elif objective == "pard2-cat":
+        weights = [prod(target_probs[i][z[i]] for i in range(t)) for t in range(count)]
+    elif objective == "accept-rate":
+        alpha_zero = [sum(prod(q[: m + 1]) for m in range(t, count)) for t in range(count)]
+        weights = alpha_zero  # implicit gradient weights, diagnostics only
+        q_grad = [torch.exp(-c) for c in ce]
+        surrogate = sum(prod(q_grad[: m + 1]) for m in range(count))  # S~, with gradient
+        return (
+            -surrogate if count else 0.0,
+            dict(zip(positions, weights, strict=True)),
+            dict(zip(positions, q, strict=True)),
+        )
+    else:
+        raise AssertionError(objective)
+    numerator = sum(w * c for w, c in zip(weights, ce, strict=True))
+    return numerator, dict(zip(positions, weights, strict=True)), dict(zip(positions, q, strict=True))
+
+
+def naive_loss(objective, draft_logits, target_ids, valid, target_logits, normalize=None, **hparams):
+    """Naive loss and diagnostics over a batch, normalised as the released code does."""
+    batch, blocks, block_size, _ = draft_logits.shape
+    numerator, weight_total, token_total, block_total = 0.0, 0.0, 0, 0
+    weight_pos, q_pos, count_pos = [0.0] * block_size, [0.0] * block_size, [0] * block_size
+    surrogate, emitted, correct = 0.0, 0.0, 0
+    for b in range(batch):
+        for n in range(blocks):
+            block_num, weights, q = naive_block(
+                objective, draft_logits[b, n], target_ids[b, n], valid[b, n], target_logits[b, n], **hparams
+            )
+            numerator = numerator + block_num
+            for j, w in weights.items():
+                weight_total += w
+                token_total += 1
+                weight_pos[j] += w
+                q_pos[j] += q[j]
+                count_pos[j] += 1
+            if not weights:
+                continue
+            block_total += 1
+            ordered = sorted(q)
+            surrogate += sum(prod(q[i] for i in ordered[: m + 1]) for m in range(len(ordered)))
+            hits = [int(draft_logits[b, n, j].argmax()) == int(target_ids[b, n, j]) for j in ordered]
+            correct += sum(hits)
+            leading = 0
+            while leading < len(hits) and hits[leading]:
+                leading += 1
+            emitted += 1 + leading
+    mode = normalize or DEFAULT_NORMALIZATION[objective]
+    denominator = {"batch": batch, "weight": weight_total, "token": token_total, "anchor": block_total}[mode]
+    diagnostics = {
+        "weight_per_position": [w / c if c else 0.0 for w, c in zip(weight_pos, count_pos, strict=True)],
+        "q_per_position": [s / c if c else 0.0 for s, c in zip(q_pos, count_pos, strict=True)],
+        "accuracy": correct / token_total,
+        "surrogate": surrogate / block_total,
+        "expected_emitted_length": emitted / block_total,
+    }
+    return numerator / denominator, diagnostics
+
+
+def close(actual, expected, tol=1e-6):
+    torch.testing.assert_close(
+        torch.as_tensor(actual, dtype=DTYPE), torch.as_tensor(expected, dtype=DTYPE), atol=tol, rtol=0
+    )
+
+
+# --------------------------------------------------------------------------- formulas
+
+
+@pytest.mark.parametrize("block_size", [2, 8, 16])
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_matches_naive_transcription(objective, block_size):
+    draft_logits, target_ids, valid, target_logits = make_inputs(block_size, seed=block_size)
+    hparams = {"dflash": {"gamma": 3.0}, "topk-prefix": {"k": 2}}.get(objective, {"alpha": 0.3})
+    if objective in ("accept-rate", "pard2-cat"):
+        hparams = {}
+    loss, diagnostics = block_loss(
+        objective,
+        draft_logits=draft_logits,
+        target_ids=target_ids,
+        valid=valid,
+        target_logits=target_logits,
+        **hparams,
+    )
+    (grad,) = torch.autograd.grad(loss, draft_logits)
+
+    naive_hparams = {
+        "alpha": hparams.get("alpha", 0.5),
+        "gamma": hparams.get("gamma", 3.0),
+        "k": hparams.get("k", 3),
+    }
+    expected, expected_diagnostics = naive_loss(
+        objective, draft_logits, target_ids, valid, target_logits, **naive_hparams
+    )
+    (expected_grad,) = torch.autograd.grad(expected, draft_logits)
+
+    close(loss, expected)
+    close(grad, expected_grad)
+    for name, value in expected_diagnostics.items():
+        close(diagnostics[name], value)
+        assert not torch.as_tensor(diagnostics[name]).requires_grad
+
+
+def test_dflash_default_gamma_from_block_size():
+    assert [default_gamma(b) for b in (16, 10, 8, 12)] == [7.0, 5.0, 4.0, 6.0]
+    for block_size, gamma in ((8, 4.0), (16, 7.0)):
+        inputs = make_inputs(block_size)
+        kwargs = dict(draft_logits=inputs[0], target_ids=inputs[1], valid=inputs[2])
+        close(block_loss("dflash", **kwargs)[0], block_loss("dflash", gamma=gamma, **kwargs)[0], tol=1e-12)
+        weights = position_weights("dflash", **kwargs)
+        position = int(inputs[2][0, 0].nonzero()[-1])
+        close(weights[0, 0, position], math.exp(-(position - 1) / gamma), tol=1e-12)
+
+
+@pytest.mark.parametrize("k", [1, 3])
+def test_topk_prefix_mask_boundary(k):
+    """m_j = prod_{i<j} 1[z*_i in TopK]: a target ranked k-th (0-based k-1) passes, (k+1)-th fails."""
+    shape = (1, 2, 4)
+    draft_logits = torch.arange(VOCAB, 0, -1, dtype=DTYPE).expand(*shape, VOCAB).clone()  # rank of x is x
+    target_ids = torch.zeros(shape, dtype=torch.long)
+    target_ids[0, 0, 1] = k - 1  # last token inside the top k
+    target_ids[0, 1, 1] = k  # first token outside it
+    valid = torch.ones(shape, dtype=torch.bool)
+    valid[..., 0] = False
+    weights = position_weights(
+        "topk-prefix", draft_logits=draft_logits, target_ids=target_ids, valid=valid, k=k
+    )
+    close(weights[0], [[0.0, 1.0, 1.0, 1.0], [0.0, 1.0, 0.0, 0.0]], tol=0)
+
+
+def test_aliases_are_the_same_objective():
+    assert canonical_objective("dpace-cumulative-confidence-only") == "dpace-cumulative"
+    assert canonical_objective("dpace-continuation-value-only") == "dpace-continuation"
+    draft_logits, target_ids, valid, _ = make_inputs(8)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    assert (
+        block_loss("dpace-continuation-value-only", **kwargs)[0]
+        == block_loss("dpace-continuation", **kwargs)[0]
+    )
+
+
+# --------------------------------------------------------------------------- gradient identities
+
+
+def masked_ce(objective, draft_logits, target_ids, valid, target_logits):
+    if objective == "dpakl":
+        per_position = -(torch.softmax(target_logits, -1) * torch.log_softmax(draft_logits, -1)).sum(-1)
+    else:
+        per_position = F.cross_entropy(draft_logits.flatten(0, 2), target_ids.flatten(), reduction="none")
+        per_position = per_position.view_as(target_ids)
+    return per_position * valid
+
+
+@pytest.mark.parametrize("objective", DPACE_FAMILY)
+def test_dpace_family_gradient_is_detached_weighted_ce(objective):
+    draft_logits, target_ids, valid, target_logits = make_inputs(8, seed=3)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid, target_logits=target_logits)
+    loss, _ = block_loss(objective, **kwargs)
+    weights = position_weights(objective, **kwargs)
+    assert not weights.requires_grad
+    ce = masked_ce(objective, draft_logits, target_ids, valid, target_logits)
+    reference = (weights * ce).sum() / draft_logits.shape[0]  # sum_j sg(w_j) CE_j / batch
+    (grad,) = torch.autograd.grad(loss, draft_logits)
+    (reference_grad,) = torch.autograd.grad(reference, draft_logits, retain_graph=True)
+    close(loss, reference, tol=1e-10)
+    close(grad, reference_grad, tol=1e-10)
+
+    # Control: had gradient flowed through w_j (q with grad), the gradient would differ.
+    q_with_grad = torch.exp(-ce)
+    smooth = torch.where(valid, 0.5 * q_with_grad + 0.5, torch.ones_like(q_with_grad))
+    prefix = torch.cumprod(smooth, -1)
+    undetached = (prefix.flip(-1).cumsum(-1).flip(-1) * ce).sum() / draft_logits.shape[0]
+    (undetached_grad,) = torch.autograd.grad(undetached, draft_logits)
+    assert (undetached_grad - grad).abs().max() > 1e-3
+
+
+def test_accept_rate_gradient_is_minus_surrogate_gradient():
+    draft_logits, target_ids, valid, _ = make_inputs(8, seed=4)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    loss, diagnostics = block_loss("accept-rate", **kwargs)
+    (grad,) = torch.autograd.grad(loss, draft_logits)
+
+    q = torch.exp(-masked_ce("accept-rate", draft_logits, target_ids, valid, None))  # 1 where invalid
+    surrogate = (torch.cumprod(q, -1) * valid).sum()  # sum over blocks of S~
+    (surrogate_grad,) = torch.autograd.grad(-surrogate / draft_logits.shape[0], draft_logits)
+    close(loss, -surrogate / draft_logits.shape[0], tol=1e-12)
+    close(grad, surrogate_grad, tol=1e-12)
+
+    # Its implicit weights d(-S~)/d(CE_j) are the D-PACE weights with alpha = 0, not detached.
+    weights = position_weights("accept-rate", **kwargs)
+    close(weights, position_weights("dpace", alpha=0.0, **kwargs), tol=1e-12)
+    ce = masked_ce("accept-rate", draft_logits, target_ids, valid, None)
+    (weighted_grad,) = torch.autograd.grad((weights * ce).sum() / draft_logits.shape[0], draft_logits)
+    close(grad, weighted_grad, tol=1e-12)
+
+
+def test_dpakl_with_one_hot_target_equals_dpace():
+    draft_logits, target_ids, valid, _ = make_inputs(16, seed=5)
+    one_hot_logits = 1000.0 * F.one_hot(target_ids, VOCAB).to(DTYPE)  # softmax is exactly one-hot
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    dpakl, dpakl_diag = block_loss("dpakl", target_logits=one_hot_logits, alpha=0.3, **kwargs)
+    dpace, dpace_diag = block_loss("dpace", alpha=0.3, **kwargs)
+    close(dpakl, dpace, tol=1e-12)
+    close(torch.autograd.grad(dpakl, draft_logits)[0], torch.autograd.grad(dpace, draft_logits)[0], tol=1e-12)
+    close(dpakl_diag["weight_per_position"], dpace_diag["weight_per_position"], tol=1e-12)
+    # A draft log-prob of -inf where the target has no mass contributes 0 * log 0 = 0.
+    with torch.no_grad():
+        draft_logits[..., 0] = torch.where(target_ids != 0, -math.inf, draft_logits[..., 0])
+    dpakl, _ = block_loss("dpakl", target_logits=one_hot_logits, alpha=0.3, **kwargs)
+    dpace, _ = block_loss("dpace", alpha=0.3, **kwargs)
+    assert torch.isfinite(dpakl)
+    close(dpakl, dpace, tol=1e-12)
+    close(torch.autograd.grad(dpakl, draft_logits)[0], torch.autograd.grad(dpace, draft_logits)[0], tol=1e-12)
+    # ...and a soft target really changes it (the comparison above can fail).
+    soft, _ = block_loss("dpakl", target_logits=torch.randn_like(one_hot_logits), alpha=0.3, **kwargs)
+    assert abs(float(soft) - float(dpace)) > 1e-3
+
+
+# --------------------------------------------------------------------------- edge cases
+
+
+def constant_q_logits(q, shape):
+    """Logits whose softmax puts probability q on token 0 (the target) and spreads the rest."""
+    logits = torch.full((*shape, VOCAB), math.log((1 - q) / (VOCAB - 1)), dtype=DTYPE)
+    logits[..., 0] = math.log(q)
+    return logits
+
+
+def test_alpha_zero_lets_weights_collapse_and_alpha_half_does_not():
+    shape = (1, 1, 16)
+    draft_logits = constant_q_logits(0.01, shape)
+    target_ids = torch.zeros(shape, dtype=torch.long)
+    valid = torch.ones(shape, dtype=torch.bool)
+    valid[..., 0] = False
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    collapsed = position_weights("dpace", alpha=0.0, **kwargs)[0, 0]
+    assert collapsed[-1] < 1e-25  # q^15
+    assert torch.all(collapsed[2:] < collapsed[1:-1])
+    smoothed = position_weights("dpace", alpha=0.5, **kwargs)[0, 0]
+    assert smoothed[-1] >= 0.5**15  # q~ >= alpha: cannot vanish
+    close(position_weights("accept-rate", **kwargs), position_weights("dpace", alpha=0.0, **kwargs), tol=0)
+
+
+def test_alpha_one_gives_count_of_remaining_valid_positions():
+    draft_logits, target_ids, valid, _ = make_inputs(16, seed=6)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    remaining = valid.to(DTYPE).flip(-1).cumsum(-1).flip(-1) * valid
+    close(position_weights("dpace", alpha=1.0, **kwargs), remaining, tol=1e-12)
+    close(position_weights("dpace-continuation", alpha=1.0, **kwargs), remaining, tol=1e-12)
+    close(position_weights("dpace-cumulative", alpha=1.0, **kwargs), valid.to(DTYPE), tol=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [None, "batch", "anchor", "weight", "token"])
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_empty_block_contributes_nothing(objective, normalize):
+    draft_logits, target_ids, valid, target_logits = make_inputs(8, seed=7, empty_block=False)
+    valid[1, 2] = False  # block (1, 2) has nothing valid; give it a q of exactly 0 and -inf logits
+    with torch.no_grad():
+        draft_logits[1, 2, :, :] = -math.inf
+        draft_logits[1, 2, :, 1] = 0.0
+    target_ids[1, 2] = 0
+    hparams = hparams_for(objective)
+    loss, _ = block_loss(
+        objective,
+        draft_logits=draft_logits,
+        target_ids=target_ids,
+        valid=valid,
+        target_logits=target_logits,
+        normalize=normalize,
+        **hparams,
+    )
+    (grad,) = torch.autograd.grad(loss, draft_logits)
+    assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    assert torch.all(grad[1, 2] == 0)
+
+    # Same loss as with that block's logits replaced by anything else.
+    other_logits = draft_logits.detach().clone()
+    other_logits[1, 2] = torch.randn_like(other_logits[1, 2])
+    other, _ = block_loss(
+        objective,
+        draft_logits=other_logits,
+        target_ids=target_ids,
+        valid=valid,
+        target_logits=target_logits,
+        normalize=normalize,
+        **hparams,
+    )
+    close(loss, other, tol=1e-12)
+
+
+@pytest.mark.parametrize("normalize", [None, "batch", "anchor", "weight", "token"])
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_nothing_valid_gives_zero_not_nan(objective, normalize):
+    draft_logits, target_ids, _, target_logits = make_inputs(4)
+    valid = torch.zeros(target_ids.shape, dtype=torch.bool)
+    loss, diagnostics = block_loss(
+        objective,
+        draft_logits=draft_logits,
+        target_ids=target_ids,
+        valid=valid,
+        target_logits=target_logits,
+        normalize=normalize,
+        **hparams_for(objective),
+    )
+    (grad,) = torch.autograd.grad(loss, draft_logits)
+    assert float(loss) == 0.0 and torch.all(grad == 0)
+    for name in ("weight_per_position", "q_per_position", "accuracy", "surrogate", "expected_emitted_length"):
+        assert torch.isfinite(torch.as_tensor(diagnostics[name])).all()
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_q_exactly_one_is_safe(objective):
+    shape = (2, 2, 8)
+    draft_logits = torch.zeros(*shape, VOCAB, dtype=DTYPE)
+    draft_logits[..., 0] = 1e4  # q = 1 to the last bit
+    draft_logits.requires_grad_(True)
+    target_ids = torch.zeros(shape, dtype=torch.long)
+    valid = torch.ones(shape, dtype=torch.bool)
+    valid[..., 0] = False
+    target_logits = draft_logits.detach().clone()
+    loss, diagnostics = block_loss(
+        objective,
+        draft_logits=draft_logits,
+        target_ids=target_ids,
+        valid=valid,
+        target_logits=target_logits,
+        **hparams_for(objective),
+    )
+    (grad,) = torch.autograd.grad(loss, draft_logits)
+    assert torch.isfinite(grad).all()
+    close(diagnostics["q_per_position"][1:], torch.ones(7), tol=0)
+    close(diagnostics["surrogate"], 7.0, tol=1e-12)
+    close(diagnostics["expected_emitted_length"], 8.0, tol=0)
+    close(loss, -7.0 * 2 if objective == "accept-rate" else 0.0, tol=1e-12)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_q_exactly_zero_is_safe(objective):
+    draft_logits, target_ids, valid, target_logits = make_inputs(8, seed=8)
+    valid[0, 1, 1:] = True
+    with torch.no_grad():
+        draft_logits[0, 1, 3, target_ids[0, 1, 3]] = -math.inf  # q = 0 at a valid position
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid, target_logits=target_logits)
+    hparams = hparams_for(objective)
+    weights = position_weights(objective, **kwargs, **hparams)
+    assert torch.isfinite(weights).all()
+    loss, diagnostics = block_loss(objective, **kwargs, **hparams)
+    assert not torch.isnan(loss)
+    assert all(
+        torch.isfinite(torch.as_tensor(value)).all()
+        for value in diagnostics.values()
+        if torch.is_tensor(value)
+    )
+    if objective == "accept-rate":  # the only objective without a -log q_j term: stays finite
+        (grad,) = torch.autograd.grad(loss, draft_logits)
+        assert torch.isfinite(loss) and torch.isfinite(grad).all()
+    elif weights[0, 1, 3] > 0:
+        assert loss == math.inf  # -log 0 under a positive weight
+
+
+def test_continuation_value_survives_exact_zero_confidence():
+    """f~_j does not depend on q~_{i<=j}; a zero there must not zero it (division would)."""
+    shape = (1, 1, 6)
+    draft_logits = constant_q_logits(0.5, shape)
+    draft_logits[0, 0, 2, 0] = -math.inf  # q_2 = 0, with alpha = 0 also q~_2 = 0
+    target_ids = torch.zeros(shape, dtype=torch.long)
+    valid = torch.ones(shape, dtype=torch.bool)
+    valid[..., 0] = False
+    weights = position_weights(
+        "dpace-continuation", draft_logits=draft_logits, target_ids=target_ids, valid=valid, alpha=0.0
+    )
+    # f~_1 = 1 + q~_2 (1 + ...) = 1; f~_j for j >= 2: 1 + 0.5 + 0.25 + ... over what remains.
+    close(weights[0, 0], [0.0, 1.0, 1.875, 1.75, 1.5, 1.0], tol=1e-12)
+
+
+# --------------------------------------------------------------------------- normalisation
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_normalisation_denominators(objective):
+    draft_logits, target_ids, valid, target_logits = make_inputs(8, seed=9)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid, target_logits=target_logits)
+    hparams = hparams_for(objective)
+    terms = objective_terms(objective, **kwargs, **hparams)
+    weights = position_weights(objective, **kwargs, **hparams)
+    expected = {
+        "batch": draft_logits.shape[0],
+        "anchor": int(valid.any(-1).sum()),  # valid blocks
+        "token": int(valid.sum()),
+        "weight": float(weights.sum()),
+    }
+    assert expected["anchor"] < valid.shape[0] * valid.shape[1]  # the empty block is not counted
+    for mode, denominator in expected.items():
+        loss, diagnostics = block_loss(objective, normalize=mode, **kwargs, **hparams)
+        close(loss, terms.loss_sum / denominator, tol=1e-12)
+        close(diagnostics["loss_denominator"], denominator, tol=1e-12)
+    default, diagnostics = block_loss(objective, **kwargs, **hparams)
+    released = "weight" if objective in ("dflash", "topk-prefix", "pard2-cat") else "batch"
+    assert diagnostics["normalization"] == released
+    close(default, terms.loss_sum / expected[released], tol=1e-12)
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_chunked_terms_add_up_to_the_whole(objective):
+    draft_logits, target_ids, valid, target_logits = make_inputs(8, blocks=5, seed=10)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid, target_logits=target_logits)
+    hparams = hparams_for(objective)
+    whole = objective_terms(objective, **kwargs, **hparams)
+    chunks = [
+        objective_terms(objective, **{name: t[:, start : start + 2] for name, t in kwargs.items()}, **hparams)
+        for start in range(0, 5, 2)
+    ]
+    summed = ObjectiveTerms(*(sum(parts) for parts in zip(*chunks, strict=True)))
+    for name, value in whole._asdict().items():
+        close(getattr(summed, name), value, tol=1e-10)
+    loss_whole, _ = normalize_terms(whole, objective, batch_size=2)
+    loss_chunked, _ = normalize_terms(summed, objective, batch_size=2)
+    close(loss_whole, loss_chunked, tol=1e-10)
+
+
+# --------------------------------------------------------------------------- bad input
+
+
+def test_bad_inputs_raise_clear_errors():
+    draft_logits, target_ids, valid, target_logits = make_inputs(8)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    with pytest.raises(ValueError, match=r"unknown objective 'dpce'.*dflash, dpace, dpace-cumulative"):
+        block_loss("dpce", **kwargs)
+    with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\].*1.5"):
+        block_loss("dpace", alpha=1.5, **kwargs)
+    with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\]"):
+        block_loss("dpakl", alpha=-0.1, target_logits=target_logits, **kwargs)
+    with pytest.raises(ValueError, match=r"k must be an integer >= 1"):
+        block_loss("topk-prefix", k=0, **kwargs)
+    with pytest.raises(ValueError, match=r"gamma must be a positive number"):
+        block_loss("dflash", gamma=0.0, **kwargs)
+    for objective in sorted(NEEDS_TARGET_LOGITS):
+        with pytest.raises(ValueError, match=rf"objective '{objective}' needs target_logits"):
+            block_loss(objective, **kwargs)
+    with pytest.raises(ValueError, match=r"shape mismatch: target_ids"):
+        block_loss("dpace", draft_logits=draft_logits, target_ids=target_ids[:, :2], valid=valid)
+    with pytest.raises(ValueError, match=r"shape mismatch: valid"):
+        block_loss("dpace", draft_logits=draft_logits, target_ids=target_ids, valid=valid[..., :4])
+    with pytest.raises(ValueError, match=r"shape mismatch: target_logits"):
+        block_loss("dpakl", target_logits=target_logits[..., :3], **kwargs)
+    with pytest.raises(ValueError, match=r"draft_logits must be \[batch, blocks, B, V\]"):
+        block_loss("dpace", draft_logits=draft_logits[0], target_ids=target_ids[0], valid=valid[0])
+    short = make_inputs(5)
+    with pytest.raises(ValueError, match=r"no default gamma for block size B=5.*pass gamma explicitly"):
+        block_loss("dflash", draft_logits=short[0], target_ids=short[1], valid=short[2])
+    with pytest.raises(ValueError, match=r"unknown normalize='mean'"):
+        block_loss("dpace", normalize="mean", **kwargs)
+    with pytest.raises(ValueError, match=r"objective 'dflash' takes \['gamma'\]; got unexpected \['alpha'\]"):
+        block_loss("dflash", alpha=0.5, gamma=2.0, **kwargs)
+
+
+def test_resolve_hparams_fills_defaults():
+    assert resolve_hparams("dflash", 16) == {"gamma": 7.0}
+    assert resolve_hparams("dflash", 5, gamma=2) == {"gamma": 2.0}
+    assert resolve_hparams("dpace-cumulative-confidence-only", 16) == {"alpha": 0.5}
+    assert resolve_hparams("dpace", 16, alpha=None) == {"alpha": 0.5}
+    assert resolve_hparams("topk-prefix", 16) == {"k": 3}
+    assert resolve_hparams("accept-rate", 16) == {}
+    with pytest.raises(ValueError, match="no default gamma for block size B=5"):
+        resolve_hparams("dflash", 5)

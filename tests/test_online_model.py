@@ -1,0 +1,217 @@
+"""ObjectiveDFlashModel inside SpecForge's DFlash wrapper, against SpecForge's own objectives.
+
+A real ``DFlashDraftModel`` on a tiny random Qwen3 config, float64, CPU, sdpa attention.
+Both wrappers sample anchors with ``torch.rand``; reseeding before each forward makes them
+see the same anchors, so losses and gradients must agree.
+"""
+
+from __future__ import annotations
+
+import pytest
+import torch
+from specforge.algorithms.common.dflash_family_model import OnlineDFlashModel
+from specforge.modeling.draft.dflash import DFlashDraftModel
+from torch import nn
+from transformers import Qwen3Config
+
+from dpace.objectives import OBJECTIVES
+from dpace.online_model import ObjectiveDFlashModel
+
+DTYPE = torch.float64
+HIDDEN, VOCAB, MASK_TOKEN, BLOCK_SIZE = 32, 97, 96, 4
+BATCH, SEQ_LEN = 2, 24
+
+
+def tiny_modules(seed=0):
+    torch.manual_seed(seed)
+    config = Qwen3Config(
+        hidden_size=HIDDEN,
+        num_attention_heads=2,
+        num_key_value_heads=1,
+        head_dim=16,
+        intermediate_size=64,
+        num_hidden_layers=1,
+        vocab_size=VOCAB,
+        layer_types=["full_attention"],
+    )
+    config.num_target_layers = 4
+    config.block_size = BLOCK_SIZE
+    config.dflash_config = {"target_layer_ids": [1, 2], "mask_token_id": MASK_TOKEN}
+    config._attn_implementation = "sdpa"
+    draft = DFlashDraftModel(config).to(DTYPE)
+    embed = nn.Embedding(VOCAB, HIDDEN).to(DTYPE)
+    lm_head = nn.Linear(HIDDEN, VOCAB, bias=False).to(DTYPE)
+    return draft, lm_head, embed
+
+
+def batch(seed=1):
+    generator = torch.Generator().manual_seed(seed)
+    input_ids = torch.randint(0, MASK_TOKEN, (BATCH, SEQ_LEN), generator=generator)
+    hidden_states = torch.randn(BATCH, SEQ_LEN, 2 * HIDDEN, generator=generator, dtype=DTYPE)
+    loss_mask = torch.ones(BATCH, SEQ_LEN)
+    loss_mask[:, :5] = 0  # prompt
+    loss_mask[1, 12] = 0  # a hole inside a response: invalid mid-block positions
+    return input_ids, hidden_states, loss_mask
+
+
+def run(model, inputs, seed=5, **kwargs):
+    """(loss, accuracy, metrics, grads of the draft parameters) with anchors fixed by the seed."""
+    model.draft_model.zero_grad()
+    torch.manual_seed(seed)
+    loss, accuracy, metrics = model(*inputs, **kwargs)
+    loss.backward()
+    grads = [p.grad.detach().clone() for p in model.draft_model.parameters()]
+    model.draft_model.zero_grad()
+    return loss.detach(), accuracy, metrics, grads
+
+
+def assert_same(first, second, tol=1e-6):
+    loss_a, accuracy_a, _, grads_a = first
+    loss_b, accuracy_b, _, grads_b = second
+    torch.testing.assert_close(loss_a, loss_b, atol=tol, rtol=0)
+    torch.testing.assert_close(accuracy_a.to(DTYPE), accuracy_b.to(DTYPE), atol=tol, rtol=0)
+    for grad_a, grad_b in zip(grads_a, grads_b, strict=True):
+        torch.testing.assert_close(grad_a, grad_b, atol=tol, rtol=0)
+
+
+SPECFORGE_PAIRS = [
+    ("dflash", "dflash", {"gamma": 2.0}),
+    ("dpace", "dpace", {}),
+    ("dpace-cumulative", "dpace-cumulative-confidence-only", {}),
+    ("dpace-continuation", "dpace-continuation-value-only", {}),
+]
+
+
+@pytest.mark.parametrize("objective,loss_type,hparams", SPECFORGE_PAIRS)
+def test_parity_with_specforge(objective, loss_type, hparams):
+    draft, lm_head, embed = tiny_modules()
+    inputs = batch()
+    common = dict(
+        draft_model=draft,
+        target_lm_head=lm_head,
+        target_embed_tokens=embed,
+        mask_token_id=MASK_TOKEN,
+        block_size=BLOCK_SIZE,
+        attention_backend="sdpa",
+        num_anchors=6,  # fewer than the supervised positions: sampling matters
+        objective_chunk_blocks=2,
+    )
+    ours = ObjectiveDFlashModel(objective=objective, **common, **hparams)
+    theirs = OnlineDFlashModel(
+        loss_type=loss_type, loss_decay_gamma=hparams.get("gamma"), dpace_alpha=0.5, **common
+    )
+    ours_result, theirs_result = run(ours, inputs), run(theirs, inputs)
+    assert_same(ours_result, theirs_result)
+    torch.testing.assert_close(ours_result[2]["loss_terms"][1], theirs_result[2]["loss_terms"][1].to(DTYPE))
+    # A different seed samples other anchors: the comparison above is not vacuous.
+    assert abs(float(run(ours, inputs, seed=6)[0]) - float(ours_result[0])) > 1e-6
+    # SpecForge's spelling selects the same objective.
+    if loss_type != objective:
+        assert_same(run(ObjectiveDFlashModel(objective=loss_type, **common), inputs), ours_result, tol=0)
+
+
+def one_hot_target_states(lm_head, input_ids, scale=1e4):
+    """Target last hidden states whose lm_head logits at t are one-hot on input_ids[t+1].
+
+    The lm_head rows are made unit vectors in random directions, so h = scale * W[y] puts a
+    logit margin of scale * (1 - max cosine) on y: softmax is exactly one-hot in float64.
+    """
+    with torch.no_grad():
+        lm_head.weight.copy_(nn.functional.normalize(lm_head.weight, dim=-1))
+        cosines = lm_head.weight @ lm_head.weight.T - torch.eye(VOCAB, dtype=DTYPE)
+        assert scale * (1 - cosines.max()) > 800  # exp(-800) == 0 in float64
+        next_tokens = torch.cat([input_ids[:, 1:], input_ids[:, :1]], dim=1)  # last one: never used
+        return scale * lm_head.weight[next_tokens]
+
+
+def test_target_logits_are_aligned_with_labels():
+    """dpakl with a target that is one-hot on the true next token equals dpace exactly.
+
+    This holds only if block position k reads target_last_hidden_states[anchor + k - 1].
+    """
+    draft, lm_head, embed = tiny_modules()
+    inputs = batch()
+    target_states = one_hot_target_states(lm_head, inputs[0])
+    common = dict(draft_model=draft, target_lm_head=lm_head, target_embed_tokens=embed)
+    common.update(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8)
+    dpakl = run(
+        ObjectiveDFlashModel(objective="dpakl", **common), inputs, target_last_hidden_states=target_states
+    )
+    dpace = run(ObjectiveDFlashModel(objective="dpace", **common), inputs)
+    assert_same(dpakl, dpace, tol=1e-10)
+    # Off by one position, the same states are not one-hot on the labels any more.
+    shifted = torch.roll(target_states, shifts=1, dims=1)
+    misaligned = run(
+        ObjectiveDFlashModel(objective="dpakl", **common), inputs, target_last_hidden_states=shifted
+    )
+    assert abs(float(misaligned[0]) - float(dpace[0])) > 1e-3
+
+
+@pytest.mark.parametrize("objective", OBJECTIVES)
+def test_every_objective_trains_in_the_wrapper(objective):
+    draft, lm_head, embed = tiny_modules()
+    inputs = batch()
+    target_states = torch.randn(BATCH, SEQ_LEN, HIDDEN, dtype=DTYPE)
+    hparams = {"gamma": 2.0} if objective == "dflash" else {}  # B=4 has no default gamma
+    model = ObjectiveDFlashModel(
+        draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=8, objective=objective, **hparams
+    )
+    loss, accuracy, metrics, grads = run(model, inputs, target_last_hidden_states=target_states)
+    assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
+    assert any(g.abs().sum() > 0 for g in grads)
+    for name in ("weight_per_position", "q_per_position"):
+        assert metrics[name].shape == (BLOCK_SIZE,) and not metrics[name].requires_grad
+        assert metrics[name][0] == 0  # the anchor is never supervised
+    for name in ("accuracy", "surrogate", "expected_emitted_length"):
+        assert metrics[name].dim() == 0 and not metrics[name].requires_grad
+    assert 1.0 <= float(metrics["expected_emitted_length"]) <= BLOCK_SIZE
+    for numerator, denominator in metrics["ratio_metrics"].values():
+        assert numerator.shape == denominator.shape and not numerator.requires_grad
+    assert metrics["accuracy_denom"] == metrics["token_count"]
+
+
+def test_chunking_does_not_change_the_result():
+    draft, lm_head, embed = tiny_modules()
+    inputs = batch()
+    common = dict(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8, objective="dpace")
+    whole = ObjectiveDFlashModel(draft, lm_head, embed, objective_chunk_blocks=0, **common)
+    chunked = ObjectiveDFlashModel(draft, lm_head, embed, objective_chunk_blocks=3, **common)
+    assert_same(run(whole, inputs), run(chunked, inputs), tol=1e-10)
+
+
+def test_bad_configuration_raises():
+    draft, lm_head, embed = tiny_modules()
+    args = (draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE)
+    with pytest.raises(ValueError, match=r"unknown objective 'dpace2'.*valid objectives"):
+        ObjectiveDFlashModel(*args, objective="dpace2")
+    with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\]"):
+        ObjectiveDFlashModel(*args, objective="dpace", alpha=2.0)
+    with pytest.raises(ValueError, match=r"no default gamma for block size B=4"):
+        ObjectiveDFlashModel(*args, objective="dflash")
+    with pytest.raises(ValueError, match=r"unknown normalize='sum'"):
+        ObjectiveDFlashModel(*args, objective="dpace", normalize="sum")
+    model = ObjectiveDFlashModel(*args, objective="pard2-cat")
+    with pytest.raises(ValueError, match=r"objective 'pard2-cat' needs target_last_hidden_states"):
+        model(*batch())
+
+
+def test_dpace_training_lowers_the_loss():
+    draft, lm_head, embed = tiny_modules()
+    lm_head.requires_grad_(False)  # the target's head is frozen, as in SpecForge
+    embed.requires_grad_(False)
+    inputs = batch()
+    model = ObjectiveDFlashModel(
+        draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=64, objective="dpace"
+    )
+    optimizer = torch.optim.Adam(draft.parameters(), lr=3e-2)
+    losses, surrogates = [], []
+    for _ in range(12):
+        torch.manual_seed(0)  # same anchors every step: a fixed batch
+        loss, _, metrics = model(*inputs)
+        optimizer.zero_grad()
+        loss.backward()
+        optimizer.step()
+        losses.append(float(loss.detach()))
+        surrogates.append(float(metrics["surrogate"]))
+    assert losses[-1] < 0.9 * losses[0], losses
+    assert surrogates[-1] > 2 * surrogates[0], surrogates  # S~ (accepted-length proxy) grows
