@@ -3,12 +3,14 @@
 #   snakemake --cores all all                           every configured table and figure
 # Config: config.yaml (embedded CPU default); --configfile workflow/configs/paper.yaml for the paper.
 
+import os
+
 from snakemake.utils import min_version, validate
 
 min_version("9.0")
 
 
-configfile: "config.yaml"
+configfile: os.path.join(workflow.basedir, "config.yaml")
 
 
 validate(config, "workflow/schemas/config.schema.yaml")

@@ -72,10 +72,15 @@ def write_group_metrics(variants, summary_paths, *, metrics_csv, blocks_csv) -> 
     atomic_write_text(blocks_csv, blocks.to_csv(index=False))
 
 
-def render_table(name: str, inputs, out_path) -> None:
-    """Render ``dpace.tables.<name>`` from the named CSV inputs and write it atomically."""
+def read_metrics(paths) -> pd.DataFrame:
+    """Concatenate group metrics CSVs. One evaluation may appear under several groups (variants are
+    shared), so rows are kept per group: every table selects its groups explicitly."""
+    frames = [pd.read_csv(path) for path in paths]
+    return pd.concat(frames, ignore_index=True).drop_duplicates()
+
+
+def render_table(name: str, metrics_csvs, out_path, **kwargs) -> None:
+    """Render ``dpace.tables.<name>`` from the metrics CSVs and write it atomically."""
     from dpace import tables
 
-    function = getattr(tables, name)
-    frames = {key: pd.read_csv(path) for key, path in inputs.items()}
-    atomic_write_text(out_path, function(*frames.values()))
+    atomic_write_text(out_path, getattr(tables, name)(read_metrics(metrics_csvs), **kwargs))

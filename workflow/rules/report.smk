@@ -41,7 +41,7 @@ rule group_metrics:
 
 rule table_main:
     input:
-        metrics=f"{RESULTS}/metrics/main.csv",
+        metrics=[f"{RESULTS}/metrics/main.csv"],
     output:
         table=f"{RESULTS}/table_main.tex",
     log:
