@@ -9,9 +9,10 @@ the same drafter share one training job and one evaluation.
 from __future__ import annotations
 
 from dataclasses import dataclass, field
+from pathlib import Path
 
 from dpace.data import BENCHMARKS
-from dpace.objectives import OBJECTIVES, canonical_objective, resolve_hparams
+from dpace.objectives import OBJECTIVES, canonical_objective, resolve_hparams, resolve_normalization
 
 GROUPS = ("main", "cross_model", "ablation", "smoothing", "block_size", "target_prob", "extras", "normalization")
 
@@ -69,6 +70,9 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
         given = dict(train.get("objective_hparams", {}).get(objective, {}))
         given.update(hparams or {})
         resolved = resolve_hparams(objective, block_size, **given)
+        # The released code's own reduction is the default: naming it explicitly is the same drafter.
+        if normalize is not None and resolve_normalization(objective, normalize) == resolve_normalization(objective, None):
+            normalize = None
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
     return Variant(
@@ -180,3 +184,33 @@ def check_config(config: dict) -> None:
     for variant in all_variants(config).values():
         if variant.target not in config["targets"]:
             raise ConfigError(f"experiments: target {variant.target!r} is not one of targets {sorted(config['targets'])}")
+
+
+SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
+
+
+def _key_path(path) -> str:
+    return ".".join(str(p) for p in path) or "<top level>"
+
+
+def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> None:
+    """Check ``config`` against the JSON schema, then the semantic checks; raise ``ConfigError``
+    with one line naming the key and what is allowed."""
+    import jsonschema
+    import yaml
+
+    schema = yaml.safe_load(Path(schema_path).read_text())
+    validator = jsonschema.Draft202012Validator(schema)
+    errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
+    if errors:
+        error = errors[0]
+        where = _key_path(error.absolute_path)
+        if error.validator == "additionalProperties":
+            allowed = sorted(error.schema.get("properties", {}))
+            extra = sorted(set(error.instance) - set(allowed))
+            raise ConfigError(f"{where}: unknown key(s) {extra}; allowed: {allowed}")
+        message = error.message
+        if error.validator == "type" and isinstance(error.instance, str) and "number" in str(error.validator_value):
+            message += " (YAML reads 1e-4 as a string: write 1.0e-4)"
+        raise ConfigError(f"{where}: {message}")
+    check_config(config)

@@ -72,6 +72,33 @@ def write_group_metrics(variants, summary_paths, *, metrics_csv, blocks_csv) -> 
     atomic_write_text(blocks_csv, blocks.to_csv(index=False))
 
 
+def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """Per-step training rows (with per-position mean weights ``w_0..w_{B-1}``) and per-run times."""
+    meta = {v["variant"]: v for v in variants}
+    steps, runs = [], []
+    for folder in map(Path, drafter_dirs):
+        info = meta[folder.name]
+        rows = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
+        for row in rows:
+            flat = {k: v for k, v in row.items() if k != "weight_per_position"}
+            flat.update({f"w_{j}": w for j, w in enumerate(row["weight_per_position"])})
+            steps.append({"target": info["target"], "variant": folder.name, "objective": info["objective"], **flat})
+        summary = json.loads((folder / "summary.json").read_text())
+        runs.append({
+            "target": info["target"], "variant": folder.name, "objective": info["objective"],
+            "depth": info["depth"], "block_size": info["block_size"], "epochs": summary["epochs"],
+            "steps": summary["steps"], "time_per_epoch_s": summary["time_per_epoch_s"],
+            "time_per_step_s": summary["time_per_step_s"],
+        })
+    return pd.DataFrame(steps), pd.DataFrame(runs)
+
+
+def write_group_training(variants, drafter_dirs, *, steps_csv, runs_csv) -> None:
+    steps, runs = training_frames(variants, list(drafter_dirs))
+    atomic_write_text(steps_csv, steps.to_csv(index=False))
+    atomic_write_text(runs_csv, runs.to_csv(index=False))
+
+
 def read_metrics(paths) -> pd.DataFrame:
     """Concatenate group metrics CSVs. One evaluation may appear under several groups (variants are
     shared), so rows are kept per group: every table selects its groups explicitly."""
@@ -79,8 +106,40 @@ def read_metrics(paths) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).drop_duplicates()
 
 
-def render_table(name: str, metrics_csvs, out_path, **kwargs) -> None:
-    """Render ``dpace.tables.<name>`` from the metrics CSVs and write it atomically."""
-    from dpace import tables
+def _shallowest_main(metrics: pd.DataFrame, objective: str) -> str:
+    rows = metrics[(metrics["group"] == "main") & (metrics["objective"] == objective)]
+    if rows.empty:
+        raise ValueError(f"no {objective!r} drafter in group 'main'")
+    return rows.sort_values(["depth", "block_size"]).iloc[0]["variant"]
 
-    atomic_write_text(out_path, getattr(tables, name)(read_metrics(metrics_csvs), **kwargs))
+
+def render_artifact(name: str, *, metrics=(), blocks=None, train_steps=None, train_runs=None, out, out_png=None) -> None:
+    """Render one table (LaTeX) or figure (PDF + PNG) of the paper from the tidy CSVs."""
+    from dpace import figures, tables
+
+    metrics_frame = read_metrics(metrics) if metrics else None
+    if name == "table_training_time":
+        text = tables.table_training_time(pd.read_csv(train_runs), metrics=metrics_frame)
+    elif name == "table_correlation":
+        variant = _shallowest_main(metrics_frame, "dflash")
+        text = tables.table_correlation(pd.read_csv(blocks), variant=variant)
+    elif name.startswith("table_"):
+        text = getattr(tables, name)(metrics_frame)
+    elif name == "fig_motivation":
+        variant = _shallowest_main(metrics_frame, "dflash")
+        figures.fig_motivation(pd.read_csv(blocks), metrics_frame, out, out_png, variant=variant)
+        return
+    elif name == "fig_weight_dynamics":
+        steps = pd.read_csv(train_steps)
+        figures.fig_weight_dynamics(
+            steps, out, out_png,
+            dpace_variant=_shallowest_main(metrics_frame, "dpace"),
+            dflash_variant=_shallowest_main(metrics_frame, "dflash"),
+        )
+        return
+    elif name == "fig_tau_trajectory":
+        figures.fig_tau_trajectory(metrics_frame, out, out_png)
+        return
+    else:
+        raise ValueError(f"unknown artifact {name!r}")
+    atomic_write_text(out, text)

@@ -4,11 +4,11 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
-from dpace.config import ConfigError, all_variants, check_config, experiments
+from dpace.config import ConfigError, all_variants, experiments, validate_config
 from dpace.fingerprint import stage_fingerprint
 
 try:
-    check_config(config)
+    validate_config(config)
     EXPERIMENTS = experiments(config)
     VARIANTS = all_variants(config)
 except ConfigError as error:
@@ -41,7 +41,3 @@ def group_evaluations(group):
             paths += [eval_summary(v.target, v.id, e, "trajectory") for e in range(1, v.epochs)]
     return paths
 
-
-def report_targets():
-    targets = [f"{RESULTS}/table_main.tex"]
-    return targets

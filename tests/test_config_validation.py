@@ -1,0 +1,102 @@
+"""Bad configuration is rejected before any job runs, with one line naming the key and what is allowed."""
+
+from __future__ import annotations
+
+import copy
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+from dpace.config import ConfigError, all_variants, experiments, validate_config
+
+REPO = Path(__file__).resolve().parents[1]
+SMOKE = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
+PAPER = yaml.safe_load((REPO / "workflow" / "configs" / "paper.yaml").read_text())
+
+
+def _set(config: dict, dotted: str, value) -> dict:
+    config = copy.deepcopy(config)
+    node, keys = config, dotted.split(".")
+    for key in keys[:-1]:
+        node = node[key]
+    node[keys[-1]] = value
+    return config
+
+
+# (dotted key, bad value, regex the one-line message must match)
+BAD = [
+    ("colour", "blue", r"<top level>: unknown key\(s\) \['colour'\]; allowed: \[.*'train'"),
+    ("train.lr", 0.1, r"train: unknown key\(s\) \['lr'\]; allowed: \[.*'learning_rate'"),
+    ("train.learning_rate", "1e-4", r"train\.learning_rate: '1e-4' is not of type 'number' \(YAML reads 1e-4"),
+    ("train.objective_hparams.dpace.alpha", 1.5, r"train\.objective_hparams\.dpace\.alpha: 1\.5 is greater than the maximum of 1"),
+    ("train.block_size", 1, r"train\.block_size: 1 is less than the minimum of 2"),
+    ("experiments.main.objectives", ["dflash", "dpcae"], r"experiments\.main\.objectives: unknown objective 'dpcae'.*dpace"),
+    ("train.objective_hparams", {"dpace": {"alpha": 0.5}}, r"experiments\.main\.objectives: .*gamma.*block size 4|experiments.*B=4"),
+    ("eval.temperatures", [0.0, -1.0], r"eval\.temperatures\.1: -1\.0 is less than the minimum of 0"),
+    ("targets.tiny.target_layer_ids", [1, 99], r"targets\.tiny\.target_layer_ids: \[99\] outside the target's layers 0\.\.5"),
+    ("data.benchmarks", ["gsm9k"], r"data\.benchmarks\.0: 'gsm9k' is not one of \['gsm8k'"),
+    ("train.depth", 0, r"train\.depth: 0 is less than the minimum of 1"),
+    ("experiments.main.depths", [0], r"experiments\.main\.depths\.0: 0 is less than the minimum of 1"),
+    ("generate.backend", "vllm", r"generate\.backend: 'vllm' is not one of \['transformers', 'sglang'\]"),
+    ("features.mode", "lazy", r"features\.mode: 'lazy' is not one of \['cached', 'online'\]"),
+    ("eval.verification", "typical", r"eval\.verification: 'typical' is not one of \['hard-match', 'rejection'\]"),
+    ("main_target", "nonexistent", r"main_target: 'nonexistent' is not one of targets \['tiny'\]"),
+    ("train.objective_hparams.topk-prefix.k", 0, r"train\.objective_hparams\.topk-prefix\.k: 0 is less than the minimum of 1"),
+    ("data.prompts_per_benchmark", 0, r"data\.prompts_per_benchmark: 0 is less than the minimum of 1"),
+    ("experiments.normalization.modes", ["mean"], r"experiments\.normalization\.modes\.0: 'mean' is not one of \['batch'"),
+    ("train.objective_hparams", {"dpace-x": {"alpha": 0.5}}, r"train\.objective_hparams: unknown objective 'dpace-x'"),
+]
+
+
+@pytest.mark.parametrize(("key", "value", "message"), BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
+def test_bad_config_is_rejected_with_the_key_named(key, value, message):
+    with pytest.raises(ConfigError, match=message):
+        validate_config(_set(SMOKE, key, value))
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [BAD[2], BAD[5], BAD[8]], ids=["type", "objective", "layers"])
+def test_snakemake_refuses_bad_config_before_any_job(tmp_path, key, value, message):
+    config = _set(SMOKE, key, value)
+    path = tmp_path / "bad.yaml"
+    path.write_text(yaml.safe_dump(config))
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--configfile",
+         str(path), "--replace-workflow-config", "--cores", "1", "all"],
+        capture_output=True, text=True, timeout=300,
+    )
+    output = result.stdout + result.stderr
+    assert result.returncode != 0
+    assert "invalid configuration:" in output
+    line = next(line for line in output.splitlines() if "invalid configuration:" in line)
+    import re
+
+    assert re.search(message, line), line
+    assert not (tmp_path / "results").exists()  # nothing ran
+
+
+def test_shipped_configs_are_valid():
+    defaults = yaml.safe_load((REPO / "config.yaml").read_text())
+    for config in (SMOKE, PAPER, defaults):
+        validate_config(config)
+
+
+def test_paper_grid_expands_to_the_papers_variants():
+    groups = experiments(PAPER)
+    main = {(v.objective, v.depth, v.block_size) for v in groups["main"].variants}
+    assert main == {(o, d, 16) for o in ("dflash", "topk-prefix", "accept-rate", "dpace") for d in (3, 5)}
+    cross = {(v.target, v.objective, v.block_size) for v in groups["cross_model"].variants}
+    assert cross == {(t, o, b) for t, b in (("llama3.1-8b", 10), ("qwen3-8b", 16)) for o in ("dflash", "dpace")}
+    assert {v.epochs for v in groups["ablation"].variants} == {9}
+    smoothing = {(v.target, v.block_size, dict(v.hparams).get("alpha")) for v in groups["smoothing"].variants}
+    assert {(t, b, a) for t, b, a in smoothing if a is not None} == {
+        (t, b, a) for t, b in (("qwen3-4b", 16), ("qwen3-4b", 8), ("llama3.1-8b", 10)) for a in (0.0, 0.3, 0.5, 0.7, 0.9)
+    }
+    gammas = {v.block_size: dict(v.hparams)["gamma"] for v in groups["block_size"].variants if v.objective == "dflash"}
+    assert gammas == {8: 4.0, 12: 6.0, 16: 7.0}
+    # Experiments share drafters: main's 3L D-PACE is the smoothing sweep's alpha=0.5 at B=16.
+    ids = {v.id for v in groups["main"].variants} & {v.id for v in groups["smoothing"].variants}
+    assert ids == {"dpace-alpha0.5-d3-b16-e6", f"dflash-gamma{gammas[16]:g}-d3-b16-e6"}
+    assert len(all_variants(PAPER)) < sum(len(g.variants) for g in groups.values())

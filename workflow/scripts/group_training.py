@@ -1,0 +1,13 @@
+import sys
+from pathlib import Path
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from dpace.report import write_group_training
+
+write_group_training(
+    snakemake.params.variants,
+    [str(Path(path).parent) for path in snakemake.input.summaries],
+    steps_csv=snakemake.output.steps,
+    runs_csv=snakemake.output.runs,
+)

@@ -1,0 +1,17 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from dpace.report import render_artifact
+
+name = snakemake.wildcards.get("table") or snakemake.wildcards.get("figure")
+inputs = snakemake.input
+render_artifact(
+    name,
+    metrics=list(inputs.metrics),
+    blocks=inputs.get("blocks"),
+    train_steps=inputs.get("train_steps"),
+    train_runs=inputs.get("train_runs"),
+    out=snakemake.output[0],
+    out_png=snakemake.output.get("png"),
+)
