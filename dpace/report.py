@@ -81,6 +81,8 @@ def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.D
         rows = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
         for row in rows:
             flat = {k: v for k, v in row.items() if k != "weight_per_position"}
+            # Figures label steps by their global index; the position within the epoch stays available.
+            flat["step_in_epoch"], flat["step"] = flat["step"], flat["global_step"]
             flat.update({f"w_{j}": w for j, w in enumerate(row["weight_per_position"])})
             steps.append({"target": info["target"], "variant": folder.name, "objective": info["objective"], **flat})
         summary = json.loads((folder / "summary.json").read_text())

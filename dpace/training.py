@@ -115,6 +115,10 @@ def train_drafter(
     hparams = resolve_hparams(objective, config.block_size, **config.objective_hparams)
     if config.threads:
         torch.set_num_threads(config.threads)
+    # Products of small probabilities (accept-rate, prefix weights) underflow into subnormal floats,
+    # which x86 CPUs handle ~4x slower (benchmarks/bench_objectives.py); flushing them changes
+    # values below 1e-38 only.
+    torch.set_flush_denormal(True)
     out_dir, scratch_dir = Path(out_dir), Path(scratch_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)

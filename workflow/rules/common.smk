@@ -15,6 +15,9 @@ except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}") from None
 
 RESULTS = "results"
+# Heavy jobs take every core unless the config says otherwise, so two timing jobs never share the
+# CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side.
+JOB_THREADS = config.get("job_threads") or workflow.cores
 SCRATCH = f"{RESULTS}/scratch"
 
 

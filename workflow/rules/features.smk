@@ -19,6 +19,6 @@ rule features:
         max_seq_length=config["features"]["max_seq_length"],
         batch_size=config["features"]["batch_size"],
         code=stage_fingerprint("features"),
-    threads: workflow.cores
+    threads: JOB_THREADS
     script:
         "../scripts/features.py"
