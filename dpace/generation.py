@@ -81,24 +81,38 @@ def _generate_transformers(target_json, todo, out, *, max_new_tokens, temperatur
 
 
 def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, batch_size, seed, device):
-    import sglang  # GPU-only extra: pip install -e .[gpu]
-
+    """SGLang's offline ``Engine`` on this job's GPU: one batch of token-id prompts at a time,
+    greedy at T = 0, sampled (top-p 1, top-k off) otherwise; each batch's answers are appended
+    to the scratch file as soon as it finishes, so a rerun resumes after the last batch."""
+    from dpace.gpus import gpu_slot
+    from dpace.sglang_backend import require_sglang
     from dpace.targets import _resolve
 
+    sglang = require_sglang()  # GPU-only extra: pip install -e .[gpu]
     path, trust = _resolve(target_json)
-    tokenizer = load_tokenizer(target_json)
-    engine = sglang.Engine(model_path=path, trust_remote_code=trust, random_seed=seed)
-    try:
-        sampling = {"temperature": temperature, "max_new_tokens": max_new_tokens, "stop_token_ids": stop_token_ids(tokenizer)}
-        with tqdm(total=len(todo), desc="responses (sglang)", unit="prompt") as progress:
-            for start in range(0, len(todo), batch_size):
-                batch = todo[start : start + batch_size]
-                results = engine.generate(input_ids=[ids for _, ids in batch], sampling_params=sampling)
-                for (row, _), result in zip(batch, results, strict=True):
-                    out.write(_conversation(row, result["text"]))
-                progress.update(len(batch))
-    finally:
-        engine.shutdown()
+    stops = stop_token_ids(load_tokenizer(target_json))
+    sampling = {
+        "temperature": float(temperature),
+        "top_p": 1.0,
+        "top_k": -1,
+        "max_new_tokens": int(max_new_tokens),
+        "stop_token_ids": stops,
+        "skip_special_tokens": True,
+    }
+    # Longest first, as the transformers backend: the slowest batches start early.
+    todo = sorted(todo, key=lambda item: -len(item[1]))
+    with gpu_slot(1):
+        engine = sglang.Engine(model_path=path, trust_remote_code=trust, random_seed=seed, log_level="error")
+        try:
+            with tqdm(total=len(todo), desc="responses (sglang)", unit="prompt") as progress:
+                for start in range(0, len(todo), batch_size):
+                    batch = todo[start : start + batch_size]
+                    results = engine.generate(input_ids=[ids for _, ids in batch], sampling_params=sampling)
+                    for (row, _), result in zip(batch, results, strict=True):
+                        out.write(_conversation(row, result["text"]))
+                    progress.update(len(batch))
+        finally:
+            engine.shutdown()
 
 
 BACKENDS = {"transformers": _generate_transformers, "sglang": _generate_sglang}

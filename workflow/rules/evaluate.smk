@@ -35,6 +35,6 @@ rule evaluate:
         code=stage_fingerprint("evaluate"),
     threads: workflow.cores
     resources:
-        gpu=0,
+        gpu=1,  # one GPU when the machine has one (local backend on CUDA, or SGLang); CPU otherwise
     script:
         "../scripts/evaluate.py"

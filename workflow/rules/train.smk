@@ -30,6 +30,7 @@ rule train_drafter:
         code=stage_fingerprint("train"),
     threads: workflow.cores
     resources:
-        gpu=0,
+        # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two.
+        gpu=2 if config["train"]["backend"] == "specforge" else 1,
     script:
         "../scripts/train_drafter.py"

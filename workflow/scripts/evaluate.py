@@ -1,20 +1,13 @@
 import sys
 from pathlib import Path
 
-import torch
-
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.evaluation import evaluate_drafter
+from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402 (after the log redirect)
 
 params = snakemake.params
-if params.backend != "local":
-    raise NotImplementedError(f"eval.backend={params.backend!r} is not available in this workflow yet; use 'local'")
-torch.set_num_threads(snakemake.threads)
-evaluate_drafter(
-    snakemake.input.target,
-    params.drafter,
-    {Path(path).stem: path for path in snakemake.input.benchmarks},
+benchmarks = {Path(path).stem: path for path in snakemake.input.benchmarks}
+common = dict(
     temperatures=params.temperatures,
     verification=params.verification,
     max_new_tokens=params.max_new_tokens,
@@ -23,3 +16,22 @@ evaluate_drafter(
     summary_path=snakemake.output.summary,
     blocks_path=snakemake.output.blocks,
 )
+
+if params.backend == "sglang":
+    from dpace.sglang_backend import evaluate_sglang
+
+    log = Path(snakemake.log[0])
+    with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))):
+        evaluate_sglang(snakemake.input.target, params.drafter, benchmarks, log_dir=log.with_suffix(".sglang"), **common)
+elif params.backend == "local":
+    import torch
+
+    from dpace.evaluation import evaluate_drafter
+
+    torch.set_num_threads(snakemake.threads)
+    # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
+    with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
+        evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, device="cuda" if ids and torch.cuda.is_available() else "cpu",
+                         **common)
+else:
+    raise ValueError(f"eval.backend={params.backend!r}; valid: local, sglang")

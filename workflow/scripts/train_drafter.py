@@ -3,31 +3,85 @@ from pathlib import Path
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.training import TrainConfig, train_drafter
+from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402 (after the log redirect)
 
 params = snakemake.params
-if params.backend != "local":
-    raise NotImplementedError(f"train.backend={params.backend!r} is not available in this workflow yet; use 'local'")
-config = TrainConfig(
-    **params.settings,
-    mask_token=params.mask_token,
-    num_anchors=params.num_anchors,
-    learning_rate=params.learning_rate,
-    warmup_ratio=params.warmup_ratio,
-    max_grad_norm=params.max_grad_norm,
-    micro_batch_size=params.micro_batch_size,
-    grad_accumulation=params.grad_accumulation,
-    weight_decay=params.weight_decay,
-    objective_chunk_blocks=params.objective_chunk_blocks,
-    save_every_steps=params.save_every_steps,
-    seed=params.seed,
-    threads=snakemake.threads,
-)
-summary = train_drafter(
-    config,
-    target_json=snakemake.input.target,
-    features_dir=snakemake.input.features,
-    out_dir=Path(snakemake.output.summary).parent,
-    scratch_dir=params.scratch,
-)
+target = snakemake.config["targets"][snakemake.wildcards.target]
+out_dir = Path(snakemake.output.summary).parent
+gpus = int(snakemake.resources.get("gpu", 0))
+
+if params.backend == "specforge":
+    from dpace.specforge_backend import train_with_specforge
+
+    with gpu_slot(gpus) as ids:
+        summary = train_with_specforge(
+            {
+                **params.settings,
+                "num_anchors": params.num_anchors,
+                "learning_rate": params.learning_rate,
+                "warmup_ratio": params.warmup_ratio,
+                "max_grad_norm": params.max_grad_norm,
+                "micro_batch_size": params.micro_batch_size,
+                "grad_accumulation": params.grad_accumulation,
+                "weight_decay": params.weight_decay,
+                "objective_chunk_blocks": params.objective_chunk_blocks,
+                "seed": params.seed,
+            },
+            target_json=snakemake.input.target,
+            features_dir=snakemake.input.features,
+            out_dir=out_dir,
+            scratch_dir=params.scratch,
+            gpus=ids,
+            mask_token=params.mask_token,
+            mask_token_id=target.get("mask_token_id"),
+            max_length=snakemake.config["features"]["max_seq_length"],
+        )
+elif params.backend == "local":
+    from dpace.training import TrainConfig, train_drafter
+
+    mask = {"mask_token": params.mask_token}
+    mask_token_id = target.get("mask_token_id")
+    if mask_token_id is not None:
+        if "mask_token_id" in TrainConfig.__dataclass_fields__:
+            mask["mask_token_id"] = int(mask_token_id)
+        else:  # TrainConfig takes the mask as a token string: only ids that have one can be used
+            from dpace.targets import load_tokenizer
+
+            tokenizer = load_tokenizer(snakemake.input.target)
+            token = tokenizer.convert_ids_to_tokens(int(mask_token_id))
+            if token is None or tokenizer.convert_tokens_to_ids(token) != int(mask_token_id):
+                raise ValueError(
+                    f"targets.{snakemake.wildcards.target}.mask_token_id={mask_token_id} has no token string, and "
+                    "train.backend=local takes the mask as a token string (use train.backend=specforge)"
+                )
+            mask["mask_token"] = token
+    # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
+    with gpu_slot(1 if gpus and machine_gpu_ids() else 0) as ids:
+        import torch
+
+        config = TrainConfig(
+            **params.settings,
+            **mask,
+            num_anchors=params.num_anchors,
+            learning_rate=params.learning_rate,
+            warmup_ratio=params.warmup_ratio,
+            max_grad_norm=params.max_grad_norm,
+            micro_batch_size=params.micro_batch_size,
+            grad_accumulation=params.grad_accumulation,
+            weight_decay=params.weight_decay,
+            objective_chunk_blocks=params.objective_chunk_blocks,
+            save_every_steps=params.save_every_steps,
+            seed=params.seed,
+            threads=snakemake.threads,
+            device="cuda" if ids and torch.cuda.is_available() else "cpu",
+        )
+        summary = train_drafter(
+            config,
+            target_json=snakemake.input.target,
+            features_dir=snakemake.input.features,
+            out_dir=out_dir,
+            scratch_dir=params.scratch,
+        )
+else:
+    raise ValueError(f"train.backend={params.backend!r}; valid: local, specforge")
 print(summary)

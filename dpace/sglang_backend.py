@@ -1,0 +1,391 @@
+"""SGLang backends: DFlash speculative decoding served by SGLang, measured over HTTP.
+
+``evaluate_sglang`` is the GPU counterpart of ``dpace.evaluation.evaluate_drafter`` and writes the
+same ``summary.json`` / ``blocks.csv`` schema:
+
+1. a loopback SGLang server with the trained drafter (``--speculative-algorithm DFLASH
+   --speculative-draft-model-path <epoch dir> --speculative-num-draft-tokens B``) answers every
+   benchmark request; emitted length per request is SGLang's ``meta_info.spec_accept_length``
+   (tokens per verification step, bonus token included: DFlash's tau), with ``spec_verify_ct``
+   and, when the server reports it, ``spec_accept_histogram``;
+2. the same server without a drafter answers the same token ids (multi-turn prompts carry the
+   speculative answers, as in the local backend), for the autoregressive time per token;
+3. SR = mean autoregressive time per output token / mean speculative time per output token, with
+   wall-clock time around each (sequential, batch size 1) request, as DFlash's benchmark does.
+
+Differences from the in-process backend, all visible in the output: ``blocks.csv`` has its header
+only (SGLang does not expose per-block draft confidences, so the surrogate-vs-tau records of
+Fig. 1a need the local backend); ``acceptance_histogram`` is ``null`` unless every request
+reported ``spec_accept_histogram``; at T = 0 the greedy check compares the two servers' token ids
+(``top2_margin`` stays ``null``); at T > 0 SGLang applies its own DFLASH verification rule.
+
+Both phases are resumable: finished prompts are appended to ``<records>.spec`` and ``<records>``
+and skipped on a rerun; each phase starts its server only if it has work left.
+
+The server is started as ``python -m sglang.launch_server`` (override the command with
+``DPACE_SGLANG_LAUNCH``, append flags with ``DPACE_SGLANG_ARGS``, e.g. ``--attention-backend fa3
+--mem-fraction-static 0.8``).
+"""
+
+from __future__ import annotations
+
+import contextlib
+import importlib.util
+import json
+import os
+import shlex
+import signal
+import socket
+import statistics
+import subprocess
+import sys
+import time
+import urllib.error
+import urllib.request
+from collections.abc import Iterator
+from dataclasses import dataclass
+from pathlib import Path
+
+from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, read_partial_jsonl
+
+INSTALL_HINT = "SGLang is the GPU-only optional extra: pip install -e .[gpu] (on a CUDA machine)"
+WARMUP_TOKENS = 16
+
+
+def require_sglang():
+    """``import sglang``, or a clear error saying how to get it."""
+    try:
+        import sglang
+    except ImportError as error:
+        raise RuntimeError(f"this backend needs SGLang, which is not installed ({error}). {INSTALL_HINT}") from None
+    return sglang
+
+
+def free_port() -> int:
+    with socket.socket(socket.AF_INET, socket.SOCK_STREAM) as sock:
+        sock.bind(("127.0.0.1", 0))
+        return sock.getsockname()[1]
+
+
+def launch_prefix() -> list[str]:
+    if os.environ.get("DPACE_SGLANG_LAUNCH"):
+        return shlex.split(os.environ["DPACE_SGLANG_LAUNCH"])
+    if importlib.util.find_spec("sglang") is None:
+        raise RuntimeError(f"eval.backend=sglang needs SGLang, which is not installed. {INSTALL_HINT}")
+    return [sys.executable, "-m", "sglang.launch_server"]
+
+
+def server_command(
+    model_path: str, port: int, *, drafter: str | None = None, block_size: int | None = None,
+    seed: int = 0, trust_remote_code: bool = False,
+) -> list[str]:
+    """The ``sglang.launch_server`` argv for the target alone or with a DFlash drafter."""
+    command = [*launch_prefix(), "--model-path", str(model_path), "--host", "127.0.0.1", "--port", str(port),
+               "--random-seed", str(seed)]
+    if trust_remote_code:
+        command.append("--trust-remote-code")
+    if drafter is not None:
+        if not block_size:
+            raise ValueError("a DFLASH server needs the drafter's block size")
+        command += ["--speculative-algorithm", "DFLASH", "--speculative-draft-model-path", str(drafter),
+                    "--speculative-num-draft-tokens", str(block_size)]
+    command += shlex.split(os.environ.get("DPACE_SGLANG_ARGS", ""))
+    return command
+
+
+def _tail(path: Path, lines: int = 40) -> str:
+    try:
+        return "\n".join(path.read_text(errors="replace").splitlines()[-lines:])
+    except OSError:
+        return "(no server log)"
+
+
+def _get(url: str, timeout: float = 5.0) -> int:
+    try:
+        with urllib.request.urlopen(url, timeout=timeout) as response:
+            return response.status
+    except (urllib.error.URLError, ConnectionError, TimeoutError, OSError):
+        return 0
+
+
+@dataclass
+class Server:
+    url: str
+    process: subprocess.Popen
+    log_path: Path
+
+    def generate(self, input_ids: list[int], sampling_params: dict, timeout_s: float = 3600.0) -> tuple[dict, float]:
+        """One native ``/generate`` request; returns (response, wall seconds)."""
+        body = json.dumps({"input_ids": input_ids, "sampling_params": sampling_params}).encode()
+        request = urllib.request.Request(f"{self.url}/generate", data=body, headers={"Content-Type": "application/json"})
+        started = time.perf_counter()
+        try:
+            with urllib.request.urlopen(request, timeout=timeout_s) as response:
+                payload = json.loads(response.read())
+        except urllib.error.HTTPError as error:
+            raise RuntimeError(
+                f"SGLang /generate answered HTTP {error.code}: {error.read()[:2000]!r}\nserver log tail:\n{_tail(self.log_path)}"
+            ) from None
+        except (urllib.error.URLError, ConnectionError, TimeoutError) as error:
+            raise RuntimeError(f"SGLang /generate failed: {error}\nserver log tail:\n{_tail(self.log_path)}") from None
+        return payload, time.perf_counter() - started
+
+
+@contextlib.contextmanager
+def sglang_server(command_args: list[str], port: int, log_path: str | Path, *, startup_timeout_s: float = 1800.0,
+                  poll_s: float = 0.5) -> Iterator[Server]:
+    """Start ``command_args`` (a server listening on 127.0.0.1:``port``), wait for ``/health``,
+    yield it, and stop its whole process group on exit, error or not."""
+    log_path = Path(log_path)
+    log_path.parent.mkdir(parents=True, exist_ok=True)
+    url = f"http://127.0.0.1:{port}"
+    with open(log_path, "ab") as log:
+        log.write(f"\n$ {shlex.join(command_args)}\n".encode())
+        log.flush()
+        process = subprocess.Popen(command_args, stdout=log, stderr=subprocess.STDOUT, start_new_session=True)
+    server = Server(url, process, log_path)
+    try:
+        started = time.monotonic()
+        while _get(f"{url}/health") != 200:
+            if process.poll() is not None:
+                raise RuntimeError(
+                    f"the SGLang server exited with code {process.returncode} before it was healthy "
+                    f"(command: {shlex.join(command_args)})\nserver log tail ({log_path}):\n{_tail(log_path)}"
+                )
+            if time.monotonic() - started > startup_timeout_s:
+                raise RuntimeError(
+                    f"the SGLang server did not answer {url}/health within {startup_timeout_s:.0f} s\n"
+                    f"server log tail ({log_path}):\n{_tail(log_path)}"
+                )
+            time.sleep(poll_s)
+        yield server
+    finally:
+        _stop(process)
+
+
+def _stop(process: subprocess.Popen, grace_s: float = 30.0) -> None:
+    if process.poll() is not None:
+        return
+    with contextlib.suppress(ProcessLookupError, PermissionError):
+        os.killpg(process.pid, signal.SIGTERM)
+    try:
+        process.wait(timeout=grace_s)
+    except subprocess.TimeoutExpired:
+        with contextlib.suppress(ProcessLookupError, PermissionError):
+            os.killpg(process.pid, signal.SIGKILL)
+        process.wait()
+
+
+# ---------------------------------------------------------------------------------------------
+# Evaluation
+
+
+def _sampling(temperature: float, max_new_tokens: int, stops: list[int]) -> dict:
+    return {"temperature": float(temperature), "top_p": 1.0, "top_k": -1, "max_new_tokens": int(max_new_tokens),
+            "stop_token_ids": list(stops), "skip_special_tokens": True}
+
+
+def _output_ids(response: dict, tokenizer) -> list[int]:
+    ids = response.get("output_ids")
+    if ids is None:  # older servers: re-tokenise the text (only used for the T=0 comparison)
+        ids = tokenizer(response.get("text", ""), add_special_tokens=False)["input_ids"]
+    return [int(t) for t in ids]
+
+
+def _timing(num_input: int, num_output: int, seconds: float, meta: dict) -> dict:
+    return {
+        "num_input_tokens": num_input,
+        "num_output_tokens": num_output,
+        "time_to_first_token_s": None,
+        "decode_time_s": seconds,
+        "time_per_output_token_s": seconds / max(num_output, 1),
+        "e2e_latency_s": meta.get("e2e_latency"),
+    }
+
+
+def _acceptance(meta: dict) -> dict:
+    """SGLang's speculative counters for one request, and per-step emitted lengths if derivable.
+
+    ``spec_accept_histogram[n]`` counts verification steps that accepted ``n`` draft tokens; each
+    such step emitted ``n + 1`` tokens (the bonus token), which is what tau counts.
+    """
+    histogram = meta.get("spec_accept_histogram")
+    lengths = []
+    if isinstance(histogram, list) and histogram:
+        lengths = [n + 1 for n, count in enumerate(histogram) for _ in range(int(count))]
+    verify = meta.get("spec_verify_ct")
+    accept_length = meta.get("spec_accept_length")
+    if accept_length is None and verify:
+        accept_length = int(meta.get("completion_tokens", 0)) / int(verify)
+    return {
+        "spec_accept_length": None if accept_length is None else float(accept_length),
+        "spec_verify_ct": None if verify is None else int(verify),
+        "acceptance_lengths": lengths,
+        "has_histogram": bool(lengths),
+    }
+
+
+def _greedy(spec_ids: list[int], ar_ids: list[int]) -> dict:
+    common = min(len(spec_ids), len(ar_ids))
+    differing = [i for i in range(common) if spec_ids[i] != ar_ids[i]]
+    first = differing[0] if differing else (common if len(spec_ids) != len(ar_ids) else None)
+    return {
+        "mismatches": len(differing) + abs(len(spec_ids) - len(ar_ids)),
+        "compared": common,
+        "first_mismatch": first,
+        "top2_margin": None,
+        "spec_token": spec_ids[first] if first is not None and first < len(spec_ids) else None,
+        "greedy_token": ar_ids[first] if first is not None and first < len(ar_ids) else None,
+    }
+
+
+def _key(benchmark, temperature, verification, prompt_id) -> tuple:
+    return (benchmark, float(temperature), verification, str(prompt_id))
+
+
+def drafter_block_size(drafter_dir: str | Path) -> int:
+    config = json.loads((Path(drafter_dir) / "config.json").read_text())
+    size = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
+    if not size:
+        raise ValueError(f"{drafter_dir}/config.json has no block_size: not a DFlash drafter")
+    return int(size)
+
+
+def summarize_sglang(records: list[dict]) -> list[dict]:
+    """``dpace.evaluation.summarize`` rows, with tau from SGLang's per-request accept lengths."""
+    from dpace.evaluation import summarize
+
+    rows = summarize(records)
+    for row in rows:
+        group = [r for r in records if (r["benchmark"], r["temperature"], r["verification"])
+                 == (row["benchmark"], row["temperature"], row["verification"])]
+        turns = [t for r in group for t in r["turns"]]
+        per_request = [t["spec_accept_length"] for t in turns if t.get("spec_accept_length") is not None]
+        row["tau"] = statistics.fmean(per_request) if per_request else None
+        if not all(t.get("has_histogram") for t in turns):
+            row["acceptance_histogram"] = None
+        row["engine"] = "sglang"
+    return rows
+
+
+def evaluate_sglang(
+    target_json,
+    drafter_dir,
+    benchmark_files: dict[str, str | Path],
+    *,
+    temperatures,
+    verification: str,
+    max_new_tokens: int,
+    seed: int,
+    records_path,
+    summary_path,
+    blocks_path,
+    log_dir,
+    startup_timeout_s: float = 1800.0,
+) -> list[dict]:
+    """Evaluate a drafter with SGLang's DFLASH speculative decoding; same outputs as the local backend."""
+    from dpace.evaluation import BLOCK_COLUMNS, load_benchmark
+    from dpace.targets import _resolve, chat_prompt_ids, load_tokenizer, stop_token_ids
+
+    benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
+    temperatures = [float(t) for t in temperatures]
+    block_size = drafter_block_size(drafter_dir)
+    model_path, trust = _resolve(target_json)
+    tokenizer = load_tokenizer(target_json)
+    stops = stop_token_ids(tokenizer)
+    records_path, log_dir = Path(records_path), Path(log_dir)
+    spec_path = Path(f"{records_path}.spec")
+    wanted = [(name, t, index, row) for name, rows in benchmarks.items() for t in temperatures
+              for index, row in enumerate(rows)]
+
+    def check(rows, path):
+        for r in rows:
+            if r["max_new_tokens"] != max_new_tokens or r["seed"] != seed or r["block_size"] != block_size:
+                raise ValueError(f"{path} holds records of another setting ({r['max_new_tokens']}, {r['seed']}, "
+                                 f"B={r['block_size']}); delete it to start over")
+        return rows
+
+    finals = check(read_partial_jsonl(records_path), records_path)
+    spec_rows = check(read_partial_jsonl(spec_path), spec_path)
+    final_done = {_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in finals}
+    spec_done = {_key(r["benchmark"], r["temperature"], r["verification"], r["id"]): r for r in spec_rows}
+
+    def warm_up(server, text):
+        ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
+        for temperature in sorted(set(temperatures)):
+            server.generate(ids, _sampling(temperature, WARMUP_TOKENS, stops))
+
+    # Phase 1: the drafter server, every turn of every pending prompt.
+    todo = [w for w in wanted if _key(w[0], w[1], verification, w[3]["id"]) not in final_done
+            and _key(w[0], w[1], verification, w[3]["id"]) not in spec_done]
+    if todo:
+        port = free_port()
+        command = server_command(model_path, port, drafter=str(drafter_dir), block_size=block_size, seed=seed,
+                                 trust_remote_code=trust)
+        with sglang_server(command, port, log_dir / "sglang-dflash.log", startup_timeout_s=startup_timeout_s) as server, \
+                JsonlAppender(spec_path) as out:
+            warm_up(server, todo[0][3]["turns"][0])
+            for name, temperature, index, row in todo:
+                messages, turns = [], []
+                for turn_index, text in enumerate(row["turns"]):
+                    messages.append({"role": "user", "content": text})
+                    prompt_ids = chat_prompt_ids(tokenizer, messages)
+                    response, seconds = server.generate(prompt_ids, _sampling(temperature, max_new_tokens, stops))
+                    meta = response.get("meta_info") or {}
+                    output_ids = _output_ids(response, tokenizer)
+                    turns.append({
+                        "turn": turn_index,
+                        "prompt_ids": prompt_ids,
+                        "output_ids": output_ids,
+                        "spec": _timing(len(prompt_ids), len(output_ids), seconds, meta),
+                        **_acceptance(meta),
+                    })
+                    messages.append({"role": "assistant", "content": response.get("text", "")})
+                record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
+                          "verification": verification, "max_new_tokens": max_new_tokens, "seed": seed,
+                          "block_size": block_size, "turns": turns}
+                out.write(record)
+                spec_done[_key(name, temperature, verification, row["id"])] = record
+
+    # Phase 2: the same server without a drafter, on the very same token ids.
+    todo = [spec_done[k] for k in (_key(w[0], w[1], verification, w[3]["id"]) for w in wanted)
+            if k not in final_done and k in spec_done]
+    if todo:
+        port = free_port()
+        command = server_command(model_path, port, seed=seed, trust_remote_code=trust)
+        with sglang_server(command, port, log_dir / "sglang-autoregressive.log",
+                           startup_timeout_s=startup_timeout_s) as server, JsonlAppender(records_path) as out:
+            warm_up(server, tokenizer.decode(todo[0]["turns"][0]["prompt_ids"][-64:]))
+            for spec_record in todo:
+                turns = []
+                for turn in spec_record["turns"]:
+                    response, seconds = server.generate(
+                        turn["prompt_ids"], _sampling(spec_record["temperature"], max_new_tokens, stops))
+                    ar_ids = _output_ids(response, tokenizer)
+                    final_turn = {k: v for k, v in turn.items() if k not in ("prompt_ids", "output_ids")}
+                    final_turn.update(
+                        ar=_timing(len(turn["prompt_ids"]), len(ar_ids), seconds, response.get("meta_info") or {}),
+                        blocks=[],
+                        greedy=_greedy(turn["output_ids"], ar_ids) if spec_record["temperature"] == 0 else None,
+                    )
+                    turns.append(final_turn)
+                record = {**spec_record, "turns": turns, "engine": "sglang"}
+                out.write(record)
+                finals.append(record)
+
+    selected = {}
+    for r in finals:
+        selected.setdefault(_key(r["benchmark"], r["temperature"], r["verification"], r["id"]), r)
+    order = {name: i for i, name in enumerate(benchmarks)}
+    rows = [selected[k] for k in (_key(w[0], w[1], verification, w[3]["id"]) for w in wanted) if k in selected]
+    rows.sort(key=lambda r: (order[r["benchmark"]], temperatures.index(r["temperature"]), r["prompt_index"]))
+    summary = summarize_sglang(rows)
+    atomic_write_json(summary_path, summary)
+    atomic_write_text(blocks_path, ",".join(BLOCK_COLUMNS) + "\n")
+    return summary
+
+
+__all__ = [
+    "INSTALL_HINT", "Server", "drafter_block_size", "evaluate_sglang", "free_port", "require_sglang",
+    "server_command", "sglang_server", "summarize_sglang",
+]

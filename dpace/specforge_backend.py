@@ -1,0 +1,687 @@
+"""Multi-GPU training through SpecForge 0.2.0's own trainer (FSDP, torchrun, SGLang capture).
+
+What this module adds to SpecForge, without copying any of it:
+
+* ``algorithm_registration``: our objectives as one more SpecForge *algorithm* (strategy
+  ``dpace``), built from SpecForge's DFlash registration with the training model swapped for
+  ``dpace.online_model.ObjectiveDFlashModel``. SpecForge's run schema is strict (no field for an
+  objective name, ``k`` or a normalisation), so the objective travels inside the registered
+  provider: ``ObjectiveSpec`` is stored as ``dpace_objective`` in the draft-config JSON that the
+  run YAML names (``model.draft_model_config``), and every process rebuilds the same registration
+  from it.
+* ``run_config``: the SpecForge run YAML for one variant, from our settings. Target features are
+  captured online by SpecForge's managed SGLang capture server(s) (``deployment.mode:
+  disaggregated`` with ``managed_local``, one node), from our own tokenisation (``data.prompts_path``
+  = pre-tokenised ``input_ids``/``loss_mask``, exactly what the local backend trains on).
+* ``main``: ``python -m dpace.specforge_backend train --config run.yaml`` is ``specforge train``
+  with the registry above. The stock ``specforge`` executable cannot train a non-builtin algorithm
+  (``specforge.cli.main`` resolves the strategy in ``builtin_algorithm_registry()`` and re-executes
+  ``-m specforge.cli`` for torchrun workers), so this entry point calls SpecForge's own launch
+  planner (``build_launch_plan``/``run_commands``) with itself as the worker command. Every other
+  sub-command (``export``, ``benchmark``) is passed to ``specforge.cli.main`` unchanged.
+* ``train_with_specforge``: what ``workflow/scripts/train_drafter.py`` runs for
+  ``train.backend: specforge``: write the run, launch it, turn SpecForge's checkpoints into the
+  workflow's ``epoch-<e>/`` drafters (``specforge export --to hf``), ``steps.jsonl`` (parsed from
+  SpecForge's per-step console metrics) and ``summary.json``.
+
+Topology. SpecForge's managed single-node stack needs the capture server(s) and the trainer on
+disjoint GPUs, so this backend needs at least 2 GPUs: ``max(1, n // 4)`` capture servers (one GPU
+each) and the rest trainer ranks. The paper's effective batch (micro-batch x accumulation = 4 on
+one GPU) is kept: trainer ranks are the largest divisor of it that fits, and the per-rank
+micro-batch and accumulation are rescaled so that ranks x micro x accumulation stays 4.
+
+Epoch checkpoints. SpecForge saves every ``save_interval`` optimizer steps and at the end; with an
+online prompt stream it runs ``N * epochs // (ranks * micro * accumulation)`` steps in all, so
+``save_interval = N // (ranks * micro * accumulation)`` puts one checkpoint at every epoch
+boundary (exactly when N is a multiple of that quantum, within one step otherwise).
+
+Resume. SpecForge's managed stack does not resume (``managed_local does not support resume``): a
+killed job reruns the variant from the start.
+"""
+
+from __future__ import annotations
+
+import argparse
+import ast
+import json
+import os
+import re
+import shlex
+import shutil
+import socket
+import subprocess
+import sys
+import time
+from dataclasses import asdict, dataclass, field, replace
+from pathlib import Path
+
+import yaml
+
+ALGORITHM_NAME = "dpace"
+OBJECTIVE_KEY = "dpace_objective"
+MIN_GPUS = 2
+
+
+# ---------------------------------------------------------------------------------------------
+# The objective as a SpecForge algorithm
+
+
+@dataclass(frozen=True)
+class ObjectiveSpec:
+    """Everything ``ObjectiveDFlashModel`` needs beyond SpecForge's own DFlash knobs."""
+
+    objective: str = "dflash"
+    hparams: dict = field(default_factory=dict)
+    normalize: str | None = None
+
+    def resolved(self, block_size: int) -> ObjectiveSpec:
+        from dpace.objectives import canonical_objective, resolve_hparams, resolve_normalization
+
+        objective = canonical_objective(self.objective)
+        hparams = resolve_hparams(objective, block_size, **self.hparams)
+        resolve_normalization(objective, self.normalize)
+        return ObjectiveSpec(objective, dict(hparams), self.normalize)
+
+    def to_dict(self) -> dict:
+        return asdict(self)
+
+    @classmethod
+    def from_dict(cls, data: dict) -> ObjectiveSpec:
+        return cls(data["objective"], dict(data.get("hparams") or {}), data.get("normalize"))
+
+    @property
+    def needs_target_logits(self) -> bool:
+        from dpace.objectives import NEEDS_TARGET_LOGITS, canonical_objective
+
+        return canonical_objective(self.objective) in NEEDS_TARGET_LOGITS
+
+
+def algorithm_registration(spec: ObjectiveSpec):
+    """SpecForge's DFlash registration, renamed ``dpace``, training ``ObjectiveDFlashModel``.
+
+    Objectives that need the target's distribution also capture the target's last hidden state
+    (SpecForge's DSpark capture layout and collator, ``target_last_hidden_states``).
+    """
+    from specforge.algorithms.common.dflash_family_data import build_dspark_collator
+    from specforge.algorithms.common.providers import make_registration
+    from specforge.algorithms.contracts import FeatureContract
+    from specforge.algorithms.dflash import providers as dflash
+
+    needs_target = spec.needs_target_logits
+
+    def build_training_model(config, draft_model, draft_config, target_config, tokenizer):
+        from specforge.algorithms.model_providers import _build_dflash_family_model
+
+        from dpace.online_model import ObjectiveDFlashModel
+
+        resolved = spec.resolved(int(draft_model.block_size))
+
+        def factory(common):
+            common = {k: v for k, v in common.items() if k != "loss_decay_gamma"}  # gamma is in hparams
+            return ObjectiveDFlashModel(**common, objective=resolved.objective, normalize=resolved.normalize,
+                                        **resolved.hparams)
+
+        return _build_dflash_family_model(config, draft_model, tokenizer, factory)
+
+    def build_step(wrapped_model, *, target_head=None, **_options):
+        del target_head
+        from specforge.training.strategies.base import DFlashTrainStrategy, DSparkTrainStrategy
+
+        # DSpark's step is DFlash's plus target_last_hidden_states, which these objectives read.
+        return DSparkTrainStrategy(wrapped_model) if needs_target else DFlashTrainStrategy(wrapped_model)
+
+    def resume_contract(_config, draft_model, training_model):
+        return {
+            "dpace_draft_num_hidden_layers": int(draft_model.config.num_hidden_layers),
+            "dpace_target_layer_ids": tuple(int(i) for i in draft_model.target_layer_ids),
+            "dpace_block_size": int(training_model.block_size),
+            "dpace_mask_token_id": int(training_model.mask_token_id),
+            "dpace_num_anchors": int(training_model.num_anchors),
+            "dpace_objective": json.dumps(
+                {"objective": training_model.objective, "hparams": training_model.objective_hparams,
+                 "normalize": training_model.normalize}, sort_keys=True),
+        }
+
+    base_spec = dflash.algorithm_spec()
+    contracts = base_spec.feature_contracts
+    if needs_target:
+        def with_last(contract):
+            tensors = set(contract.required_tensors) | {"target_last_hidden_states"}
+            storage = contract.storage
+            if storage is not None:
+                storage = replace(storage, required_tensors=tensors)
+            return FeatureContract(
+                mode=contract.mode, modality=contract.modality, required_tensors=tensors,
+                allowed_target_representations={"hidden_state"}, default_target_representation="hidden_state",
+                storage=storage,
+            )
+        contracts = tuple(with_last(c) for c in contracts)
+    spec_ = replace(base_spec, name=ALGORITHM_NAME, feature_contracts=contracts)
+
+    base = dflash.algorithm_providers()
+    streaming = base.server_streaming
+    offline = base.offline
+    if needs_target:
+        streaming = tuple(
+            replace(s, capture_method="dspark", target_representation="hidden_state",
+                    layout=replace(s.layout, last_hidden_feature="target_last_hidden_states"),
+                    build_collator=build_dspark_collator)
+            for s in streaming
+        )
+        offline = tuple(
+            replace(o, build_collator=build_dspark_collator,
+                    capture_layout=replace(o.capture_layout, capture_method="dspark",
+                                           last_hidden_feature="target_last_hidden_states"))
+            for o in offline
+        )
+    providers = replace(
+        base,
+        algorithm_name=ALGORITHM_NAME,
+        step=replace(base.step, build=build_step, resume_contract=resume_contract),
+        model=replace(base.model, build_training_model=build_training_model),
+        server_streaming=streaming,
+        offline=offline,
+    )
+    return make_registration(spec_, providers)
+
+
+def registry(spec: ObjectiveSpec):
+    """SpecForge's built-in catalog plus ``dpace``."""
+    from specforge.algorithms.builtin import builtin_algorithm_registry
+
+    return builtin_algorithm_registry().with_registration(algorithm_registration(spec))
+
+
+def objective_of_run(config_path: str | Path) -> ObjectiveSpec:
+    """The ``dpace_objective`` block of the draft config a run YAML names."""
+    run = yaml.safe_load(Path(config_path).read_text())
+    draft = (run.get("model") or {}).get("draft_model_config")
+    if not draft:
+        raise ValueError(f"{config_path}: model.draft_model_config is not set; no dpace objective to train")
+    draft_path = Path(draft)
+    if draft_path.is_dir():
+        draft_path = draft_path / "config.json"
+    data = json.loads(draft_path.read_text())
+    if OBJECTIVE_KEY not in data:
+        raise ValueError(f"{draft_path} has no {OBJECTIVE_KEY!r} block (written by dpace.specforge_backend)")
+    return ObjectiveSpec.from_dict(data[OBJECTIVE_KEY])
+
+
+# ---------------------------------------------------------------------------------------------
+# The run YAML
+
+
+@dataclass(frozen=True)
+class Topology:
+    capture_gpus: tuple[str, ...]
+    trainer_gpus: tuple[str, ...]
+    micro_batch_size: int
+    grad_accumulation: int
+
+    @property
+    def quantum(self) -> int:
+        """Samples per optimizer step, over all trainer ranks."""
+        return len(self.trainer_gpus) * self.micro_batch_size * self.grad_accumulation
+
+
+def plan_topology(gpus: list[str], micro_batch_size: int, grad_accumulation: int,
+                  capture_gpus: int | None = None) -> Topology:
+    """Split GPUs between capture servers and trainer ranks, keeping the effective batch."""
+    gpus = [str(g) for g in gpus]
+    if len(gpus) < MIN_GPUS:
+        raise ValueError(
+            f"train.backend=specforge needs at least {MIN_GPUS} GPUs (SpecForge's managed capture server and "
+            f"its trainer run on disjoint GPUs); this job has {len(gpus)} ({gpus}). On one GPU use train.backend=local."
+        )
+    if capture_gpus is None:
+        capture_gpus = int(os.environ.get("DPACE_SPECFORGE_CAPTURE_GPUS", 0)) or max(1, len(gpus) // 4)
+    capture_gpus = min(max(1, capture_gpus), len(gpus) - 1)
+    effective = micro_batch_size * grad_accumulation
+    available = len(gpus) - capture_gpus
+    ranks = max(d for d in range(1, effective + 1) if effective % d == 0 and d <= available)
+    per_rank = effective // ranks
+    micro = max(d for d in range(1, min(micro_batch_size, per_rank) + 1) if per_rank % d == 0)
+    return Topology(tuple(gpus[:capture_gpus]), tuple(gpus[capture_gpus:capture_gpus + ranks]), micro,
+                    per_rank // micro)
+
+
+def free_ports(count: int) -> list[int]:
+    sockets, ports = [], []
+    try:
+        for _ in range(count):
+            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
+            sock.bind(("127.0.0.1", 0))
+            sockets.append(sock)
+            ports.append(sock.getsockname()[1])
+    finally:
+        for sock in sockets:
+            sock.close()
+    return ports
+
+
+def run_config(
+    *,
+    run_id: str,
+    target_path: str,
+    draft_config_path: str,
+    prompts_path: str,
+    output_dir: str,
+    control_dir: str,
+    cache_dir: str,
+    settings: dict,
+    num_prompts: int,
+    topology: Topology,
+    mask_token_id: int,
+    ports: list[int] | None = None,
+    trust_remote_code: bool = False,
+    max_length: int = 2048,
+    attention_backend: str = "flex_attention",
+    torch_dtype: str = "bfloat16",
+    mem_fraction_static: float = 0.7,
+) -> dict:
+    """A SpecForge 0.2.0 run config (validated by ``specforge.config.schema.Config``) for one variant.
+
+    Depth, block size and target layers come from the draft config alone: SpecForge's
+    ``model.draft_num_hidden_layers`` override would also reset ``target_layer_ids`` to one feature
+    per draft layer, while the paper uses three target features at every depth.
+
+    ``settings`` holds the workflow's train settings: objective, objective_hparams, normalize,
+    depth, block_size, epochs, num_anchors, learning_rate, warmup_ratio, max_grad_norm,
+    objective_chunk_blocks, seed, weight_decay (SpecForge's AdamW has none: it must be 0).
+    """
+    if float(settings.get("weight_decay", 0.0) or 0.0) != 0.0:
+        raise ValueError("train.backend=specforge: SpecForge 0.2.0's optimizer has no weight decay; set "
+                         "train.weight_decay: 0")
+    spec = ObjectiveSpec(settings["objective"], settings.get("objective_hparams") or {},
+                         settings.get("normalize")).resolved(int(settings["block_size"]))
+    steps_per_epoch = num_prompts // topology.quantum
+    if steps_per_epoch < 1:
+        raise ValueError(f"{num_prompts} training sequences give no optimizer step per epoch at "
+                         f"{topology.quantum} sequences per step")
+    ports = ports or free_ports(3 + len(topology.capture_gpus))
+    training = {
+        "strategy": ALGORITHM_NAME,
+        "num_epochs": int(settings["epochs"]),
+        "batch_size": topology.micro_batch_size,
+        "accumulation_steps": topology.grad_accumulation,
+        "learning_rate": float(settings["learning_rate"]),
+        "lr_scheduler": "cosine",
+        "warmup_ratio": float(settings["warmup_ratio"]),
+        "max_grad_norm": float(settings["max_grad_norm"]),
+        "attention_backend": attention_backend,
+        "num_anchors": int(settings["num_anchors"]),
+        "objective_chunk_blocks": int(settings.get("objective_chunk_blocks") or 0),
+        "save_interval": steps_per_epoch,
+        "log_interval": 1,
+        "max_checkpoints": 0,
+        "seed": int(settings.get("seed", 0)),
+        "role": "auto",
+    }
+    # Informational only (the registered provider trains ``spec``), but SpecForge checks their ranges.
+    if "gamma" in spec.hparams:
+        training["loss_decay_gamma"] = float(spec.hparams["gamma"])
+    if "alpha" in spec.hparams:
+        training["dpace_alpha"] = float(spec.hparams["alpha"])
+    return {
+        "run_id": run_id,
+        "output_dir": output_dir,
+        "model": {
+            "target_model_path": target_path,
+            "draft_model_config": draft_config_path,
+            "trust_remote_code": bool(trust_remote_code),
+            "torch_dtype": torch_dtype,
+            "mask_token_id": int(mask_token_id),
+            "sglang_mem_fraction_static": mem_fraction_static,
+        },
+        "data": {"prompts_path": prompts_path, "max_length": int(max_length), "cache_dir": cache_dir},
+        "training": training,
+        "tracking": {"report_to": "none"},
+        "deployment": {
+            "mode": "disaggregated",
+            "trainer": {"nnodes": 1, "nproc_per_node": len(topology.trainer_gpus)},
+            "disaggregated": {
+                "control_dir": control_dir,
+                "backend": "mooncake",
+                "managed_local": {
+                    "trainer_cuda_visible_devices": list(topology.trainer_gpus),
+                    "mooncake": {"rpc_port": ports[0], "metadata_port": ports[1], "metrics_port": ports[2]},
+                    "capture_servers": [
+                        {"port": port, "cuda_visible_devices": [gpu], "tp_size": 1}
+                        for port, gpu in zip(ports[3:], topology.capture_gpus, strict=True)
+                    ],
+                },
+            },
+        },
+    }
+
+
+def validate_run_config(run: dict):
+    """SpecForge's own schema check of a run config; returns the parsed ``Config``."""
+    from specforge.config.schema import Config, migrate_legacy_config
+
+    return Config.model_validate(migrate_legacy_config(run))
+
+
+def epoch_steps(run: dict, num_prompts: int) -> dict[int, int]:
+    """Optimizer step at the end of each epoch (the last one is where SpecForge's run ends)."""
+    from specforge.training.schedule import resolve_online_total_steps
+
+    training = run["training"]
+    epochs = int(training["num_epochs"])
+    total = resolve_online_total_steps(
+        num_prompts=num_prompts, prompt_epochs=epochs, dp_size=int(run["deployment"]["trainer"]["nproc_per_node"]),
+        batch_size=int(training["batch_size"]), accumulation_steps=int(training["accumulation_steps"]),
+    )
+    steps = {e: e * int(training["save_interval"]) for e in range(1, epochs)}
+    steps[epochs] = total
+    return steps
+
+
+# ---------------------------------------------------------------------------------------------
+# Inputs on disk
+
+
+def write_prompts(features_dir: str | Path, out_path: str | Path) -> int:
+    """Our tokenisation as SpecForge's pre-tokenised prompts; returns how many SpecForge accepts."""
+    from dpace.features import load_features
+
+    features = load_features(features_dir)
+    out_path = Path(out_path)
+    out_path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = out_path.with_suffix(".tmp")
+    with open(tmp, "w") as out:
+        for i in range(len(features)):
+            item = features.sequence(i)
+            out.write(json.dumps({"input_ids": [int(t) for t in item["input_ids"]],
+                                  "loss_mask": [int(m) for m in item["loss_mask"]]}) + "\n")
+    os.replace(tmp, out_path)
+    return len(features)
+
+
+def accepted_prompts(prompts_path: str | Path, max_length: int) -> int:
+    """How many pre-tokenised prompts SpecForge's own prompt builder keeps (length, DFlash's
+    minimum of 2 supervised tokens, consecutive supervised tokens)."""
+    from specforge.data.loss_mask import has_consecutive_supervised_tokens
+    from specforge.data.prompt_builder import prepare_prompt_tasks
+
+    return len(prepare_prompt_tasks(
+        str(prompts_path), None, chat_template=None, max_length=max_length, is_preformatted=False,
+        train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None, min_loss_tokens=2,
+        loss_mask_filter=has_consecutive_supervised_tokens,
+    ))
+
+
+def write_draft_config(path: str | Path, target_config, *, depth: int, block_size: int, layer_ids: list[int],
+                       mask_token_id: int, spec: ObjectiveSpec) -> Path:
+    """The drafter's HF config (as the local backend builds it) plus the ``dpace_objective`` block."""
+    from dpace.drafter import drafter_config
+
+    config = drafter_config(target_config, depth=depth, block_size=block_size, target_layer_ids=layer_ids,
+                            mask_token_id=mask_token_id)
+    data = config.to_dict()
+    data["architectures"] = ["DFlashDraftModel"]
+    data["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
+    data[OBJECTIVE_KEY] = spec.to_dict()
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    return path
+
+
+# ---------------------------------------------------------------------------------------------
+# The CLI (``specforge train`` with the dpace registry)
+
+
+def cli_prefix() -> list[str]:
+    """How to invoke this entry point (``DPACE_SPECFORGE_CLI`` replaces it, e.g. in tests)."""
+    if os.environ.get("DPACE_SPECFORGE_CLI"):
+        return shlex.split(os.environ["DPACE_SPECFORGE_CLI"])
+    return [sys.executable, "-m", "dpace.specforge_backend"]
+
+
+def _train_main(args) -> int:
+    from specforge.application import bind_run, resolve_run
+    from specforge.cli import _config_for_role, _train, _worker_signal_unwind, _WorkerTermination
+    from specforge.config import load_config
+    from specforge.launch_plan import build_launch_plan, run_commands
+
+    cfg = load_config(args.config, args.overrides)
+    resolved = resolve_run(cfg, registry(objective_of_run(args.config)))
+    worker = (sys.executable, "-m", "dpace.specforge_backend")
+    plan = build_launch_plan(
+        resolved.config, algorithm=resolved.algorithm, config_path=args.config, overrides=args.overrides,
+        requested_role=args.role, node_rank=args.node_rank, worker_prefix=worker,
+        # torchrun runs the worker command as given (no ``python`` prepended): ranks re-enter here.
+        torchrun_prefix=(sys.executable, "-m", "torch.distributed.run", "--no-python"),
+    )
+    if args.plan:
+        print(plan.render())
+        return 0
+    if plan.kind == "worker":
+        for key, value in plan.worker_env.items():
+            if value is None:
+                os.environ.pop(key, None)
+            else:
+                os.environ[key] = value
+        role_config = _config_for_role(resolved.config, plan.role)
+        try:
+            with _worker_signal_unwind():
+                _train(bind_run(role_config, resolved.algorithm))
+        except _WorkerTermination as received:
+            return 128 + received.signum
+        return 0
+    return run_commands(plan)
+
+
+def main(argv: list[str] | None = None) -> int:
+    argv = list(sys.argv[1:] if argv is None else argv)
+    if not argv or argv[0] != "train":
+        from specforge.cli import main as specforge_main
+
+        return specforge_main(argv)
+    parser = argparse.ArgumentParser(prog="python -m dpace.specforge_backend train",
+                                     description="specforge train, with the dpace objectives registered")
+    parser.add_argument("-c", "--config", required=True)
+    parser.add_argument("--role", choices=("auto", "all", "producer", "consumer", "both"), default="auto")
+    parser.add_argument("--node-rank", type=int, default=None)
+    parser.add_argument("--plan", action="store_true")
+    parser.add_argument("overrides", nargs="*")
+    return _train_main(parser.parse_args(argv[1:]))
+
+
+# ---------------------------------------------------------------------------------------------
+# One workflow training job
+
+
+STEP_LINE = re.compile(r"^step (\d+): (\{.*\})\s*$")
+
+
+def parse_step_metrics(log_text: str) -> list[dict]:
+    """SpecForge's console metric lines (``step N: {...}``) as rows ``{"global_step", ...}``."""
+    rows = {}
+    for line in log_text.splitlines():
+        match = STEP_LINE.match(line.strip())
+        if not match:
+            continue
+        try:
+            metrics = ast.literal_eval(match.group(2))
+        except (ValueError, SyntaxError):
+            continue
+        if isinstance(metrics, dict):
+            rows[int(match.group(1))] = {"global_step": int(match.group(1)), **metrics}
+    return [rows[k] for k in sorted(rows)]
+
+
+def _first(row: dict, *suffixes, numeric: bool = True):
+    """The value of the first key whose last ``/`` part is one of ``suffixes`` (e.g. ``train/loss``)."""
+    for suffix in suffixes:
+        for key, value in row.items():
+            if key.split("/")[-1] != suffix:
+                continue
+            if not numeric:
+                return value
+            if isinstance(value, int | float) and not isinstance(value, bool):
+                return float(value)
+    return None
+
+
+def _step_row(metrics: dict, *, per_epoch: int, total: int, epochs: int) -> dict:
+    """One SpecForge console row in the local backend's ``steps.jsonl`` layout (0-based steps)."""
+    global_step = metrics["global_step"] - 1  # SpecForge prints the count of finished optimizer steps
+    epoch = min(epochs, global_step // per_epoch + 1)
+    step = global_step - (epoch - 1) * per_epoch
+    weights = _first(metrics, "weight_per_position", numeric=False)
+    return {
+        **{f"specforge/{k}": v for k, v in metrics.items() if k != "global_step"},
+        "global_step": global_step,
+        "epoch": epoch,
+        "step": step,
+        "progress": (global_step + 1) / total,
+        "epoch_progress": (step + 1) / per_epoch,
+        "loss": _first(metrics, "loss"),
+        "accuracy": _first(metrics, "accuracy", "acc"),
+        "grad_norm": _first(metrics, "grad_norm"),
+        "lr": _first(metrics, "lr", "learning_rate"),
+        "step_time_s": _first(metrics, "step_time", "step_time_s", "time_per_step"),
+        "weight_per_position": list(weights) if isinstance(weights, list) else [],
+    }
+
+
+def _run(command: list[str], log) -> tuple[int, str]:
+    """Run ``command``, copying its output into ``log`` as it comes; returns (exit code, output)."""
+    log.write(f"$ {shlex.join(command)}\n")
+    log.flush()
+    process = subprocess.Popen(command, stdout=subprocess.PIPE, stderr=subprocess.STDOUT, text=True)
+    captured = []
+    for line in process.stdout:
+        log.write(line)
+        captured.append(line)
+    log.flush()
+    return process.wait(), "".join(captured)
+
+
+def train_with_specforge(
+    settings: dict,
+    *,
+    target_json: str | Path,
+    features_dir: str | Path,
+    out_dir: str | Path,
+    scratch_dir: str | Path,
+    gpus: list[str],
+    mask_token: str | None = None,
+    mask_token_id: int | None = None,
+    max_length: int = 2048,
+    log=None,
+) -> dict:
+    """Train one variant with SpecForge and write the workflow's drafter folder."""
+    from transformers import AutoConfig
+
+    from dpace.features import load_features
+    from dpace.io import JsonlAppender, atomic_write_json
+    from dpace.targets import _resolve, load_tokenizer
+
+    log = log or sys.stdout
+    topology = plan_topology(gpus, int(settings["micro_batch_size"]), int(settings["grad_accumulation"]))
+    out_dir, scratch_dir = Path(out_dir), Path(scratch_dir)
+    out_dir.mkdir(parents=True, exist_ok=True)
+    scratch_dir.mkdir(parents=True, exist_ok=True)
+    target_path, trust = _resolve(target_json)
+    if mask_token_id is None:
+        tokenizer = load_tokenizer(target_json)
+        mask_token_id = tokenizer.convert_tokens_to_ids(mask_token)
+        if not isinstance(mask_token_id, int) or mask_token_id == tokenizer.unk_token_id:
+            raise ValueError(f"mask_token {mask_token!r} is not a token of the target's tokenizer; "
+                             "give the target a mask_token_id")
+    spec = ObjectiveSpec(settings["objective"], settings.get("objective_hparams") or {},
+                         settings.get("normalize")).resolved(int(settings["block_size"]))
+    features = load_features(features_dir)
+    target_config = AutoConfig.from_pretrained(target_path, trust_remote_code=trust)
+    draft_config = write_draft_config(scratch_dir / "draft_config.json", target_config,
+                                      depth=int(settings["depth"]), block_size=int(settings["block_size"]),
+                                      layer_ids=list(features.layer_ids), mask_token_id=int(mask_token_id),
+                                      spec=spec)
+    prompts = scratch_dir / "prompts.jsonl"
+    write_prompts(features_dir, prompts)
+    num_prompts = accepted_prompts(prompts, max_length)
+    attempt = time.strftime("%Y%m%d-%H%M%S")
+    output_dir = scratch_dir / "specforge"
+    run = run_config(
+        run_id=out_dir.name, target_path=str(target_path), draft_config_path=str(draft_config),
+        prompts_path=str(prompts), output_dir=str(output_dir), control_dir=str(scratch_dir / f"control-{attempt}"),
+        cache_dir=str(scratch_dir / "cache"), settings=settings, num_prompts=num_prompts, topology=topology,
+        mask_token_id=int(mask_token_id), trust_remote_code=trust, max_length=max_length,
+    )
+    validate_run_config(run)
+    run_yaml = scratch_dir / "run.yaml"
+    run_yaml.write_text(yaml.safe_dump(run, sort_keys=False))
+    log.write(f"specforge: {num_prompts} sequences, capture GPUs {list(topology.capture_gpus)}, trainer GPUs "
+              f"{list(topology.trainer_gpus)}, micro-batch {topology.micro_batch_size} x accumulation "
+              f"{topology.grad_accumulation} x ranks {len(topology.trainer_gpus)}\n")
+
+    started = time.perf_counter()
+    code, output = _run([*cli_prefix(), "train", "--config", str(run_yaml)], log)
+    wall = time.perf_counter() - started
+    if code != 0:
+        raise RuntimeError(f"SpecForge training exited with code {code}; see the log above and "
+                           f"{run['deployment']['disaggregated']['control_dir']}/logs")
+    rows = parse_step_metrics(output)
+
+    steps = epoch_steps(run, num_prompts)
+    for epoch, step in steps.items():
+        checkpoint = output_dir / f"{run['run_id']}-step{step}"
+        if not checkpoint.exists():
+            raise RuntimeError(f"SpecForge wrote no checkpoint for epoch {epoch} (expected {checkpoint})")
+        target = out_dir / f"epoch-{epoch}"
+        shutil.rmtree(target, ignore_errors=True)  # a previous attempt's export
+        code, _ = _run([*cli_prefix(), "export", "--to", "hf", "--checkpoint", str(checkpoint), "--draft-config",
+                     str(draft_config), "--output-dir", str(target)], log)
+        if code != 0:
+            raise RuntimeError(f"specforge export of {checkpoint} exited with code {code}")
+
+    # SpecForge's checkpoints hold fp32 masters and Adam moments (GBs each): keep only the exports.
+    for checkpoint in output_dir.glob(f"{run['run_id']}-step*"):
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+    epochs = int(settings["epochs"])
+    total = steps[epochs]
+    per_epoch = int(run["training"]["save_interval"])
+    step_rows = [_step_row(row, per_epoch=per_epoch, total=total, epochs=epochs) for row in rows]
+    steps_log = out_dir / "steps.jsonl"
+    steps_log.unlink(missing_ok=True)
+    with JsonlAppender(steps_log) as out:
+        for row in step_rows:
+            out.write(row)
+    step_times = [r["step_time_s"] for r in step_rows if r["step_time_s"] is not None]
+    time_per_step = sum(step_times) / len(step_times) if step_times else wall / total
+    summary = {
+        "backend": "specforge",
+        "objective": spec.objective,
+        "hparams": spec.hparams,
+        "normalize": spec.normalize,
+        "epochs": epochs,
+        "steps": total,
+        "steps_per_epoch": per_epoch,
+        "epoch_end_steps": {str(k): v for k, v in steps.items()},
+        "time_per_step_s": time_per_step,  # SpecForge's step time if it logs one, else wall time / steps
+        "time_per_epoch_s": time_per_step * total / epochs,
+        "wall_time_s": wall,
+        "final_loss": step_rows[-1]["loss"] if step_rows else None,
+        "final_accuracy": step_rows[-1]["accuracy"] if step_rows else None,
+        "num_sequences": num_prompts,
+        "topology": asdict(topology),
+        "specforge_run": str(run_yaml),
+        "config": {**settings, "mask_token_id": int(mask_token_id), "max_length": max_length},
+    }
+    atomic_write_json(out_dir / "summary.json", summary)
+    return summary
+
+
+__all__ = [
+    "ALGORITHM_NAME", "OBJECTIVE_KEY", "ObjectiveSpec", "Topology", "accepted_prompts", "algorithm_registration",
+    "cli_prefix", "epoch_steps", "main", "objective_of_run", "parse_step_metrics", "plan_topology", "registry",
+    "run_config", "train_with_specforge", "validate_run_config", "write_draft_config", "write_prompts",
+]
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())

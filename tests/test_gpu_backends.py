@@ -1,0 +1,598 @@
+"""GPU backends on a CPU machine: engines replaced only where a process boundary allows it.
+
+* GPU locks: real ``flock`` files, a second process holding one.
+* SGLang evaluation: a fake server *process* on 127.0.0.1 speaking SGLang's native ``/generate``
+  (``meta_info.spec_accept_length`` etc.), started and stopped by the backend itself.
+* SGLang generation: SGLang's offline ``Engine`` is an in-process API, so a stand-in ``sglang``
+  module is the nearest boundary; the real engine is exercised when SGLang and CUDA are present.
+* SpecForge: the real SpecForge 0.2.0 (schema, registry, launch planner, model providers, train
+  step) on CPU; only the ``train``/``export`` processes are replaced by a fake executable that
+  records its argv and config and writes SpecForge's checkpoint layout.
+"""
+
+from __future__ import annotations
+
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import textwrap
+from pathlib import Path
+
+import pytest
+import torch
+import yaml
+
+from dpace.features import compute_features
+from dpace.io import atomic_write_jsonl, read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
+
+CONVERSATIONS = [
+    {"id": str(i), "conversations": [
+        {"role": "user", "content": f"Question {i}: say something about {i * 3}."},
+        {"role": "assistant", "content": " ".join(["answer", str(i)] * (4 + i % 3))},
+    ]}
+    for i in range(10)
+]
+
+
+@pytest.fixture(scope="module")
+def features_dir(tmp_path_factory, tiny_target_json):
+    folder = tmp_path_factory.mktemp("gpu-features")
+    atomic_write_jsonl(folder / "conversations.jsonl", CONVERSATIONS)
+    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f", layer_ids=[1, 3],
+                     max_seq_length=256)
+    return folder / "f"
+
+
+@pytest.fixture
+def gpu_env(tmp_path, monkeypatch):
+    """Two pretend GPUs and a private lock folder; no scheduler."""
+    monkeypatch.setenv("DPACE_GPUS", "0,1")
+    monkeypatch.setenv("DPACE_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return tmp_path / "locks"
+
+
+# ---------------------------------------------------------------------------------------------
+# GPU locks
+
+
+def test_gpu_slots_never_share_a_gpu(gpu_env):
+    from dpace.gpus import gpu_slot
+
+    with gpu_slot(1, log=lambda *_: None) as first:
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == first[0]
+        with gpu_slot(1, log=lambda *_: None) as second:
+            assert second != first and os.environ["CUDA_VISIBLE_DEVICES"] == second[0]
+            with pytest.raises(RuntimeError, match="no 1 free GPU"), gpu_slot(1, timeout_s=0.2, poll_s=0.05,
+                                                                              log=lambda *_: None):
+                pass
+        assert os.environ["CUDA_VISIBLE_DEVICES"] == first[0]
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    with gpu_slot(2, log=lambda *_: None) as both:
+        assert both == ["0", "1"] and os.environ["CUDA_VISIBLE_DEVICES"] == "0,1"
+    with gpu_slot(0) as none:
+        assert none == [] and "CUDA_VISIBLE_DEVICES" not in os.environ
+    with pytest.raises(RuntimeError, match="needs 3 GPU"), gpu_slot(3):
+        pass
+
+
+def test_a_gpu_held_by_another_process_is_skipped_and_freed_when_it_dies(gpu_env):
+    from dpace.gpus import gpu_slot
+
+    holder = subprocess.Popen(
+        [sys.executable, "-c", "import sys,time; from dpace.gpus import gpu_slot\n"
+         "with gpu_slot(1, log=lambda *_: None) as ids:\n print(ids[0], flush=True); time.sleep(60)"],
+        stdout=subprocess.PIPE, text=True, env={**os.environ, "PYTHONPATH": str(REPO)},
+    )
+    try:
+        taken = holder.stdout.readline().strip()
+        with gpu_slot(1, log=lambda *_: None) as ids:
+            assert taken == "0" and ids == ["1"]
+    finally:
+        holder.kill()
+        holder.wait()
+    with gpu_slot(2, timeout_s=5, poll_s=0.05, log=lambda *_: None) as ids:  # the dead holder's lock is gone
+        assert ids == ["0", "1"]
+
+
+def test_scheduler_assigned_gpus_are_used_as_given(gpu_env, monkeypatch):
+    from dpace.gpus import gpu_slot
+
+    monkeypatch.setenv("SLURM_JOB_ID", "42")
+    monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    with gpu_slot(1, log=lambda *_: None) as ids:
+        assert ids == ["3"] and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
+    assert not list(gpu_env.glob("*.lock")) if gpu_env.exists() else True
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang evaluation against a fake server process
+
+FAKE_SERVER = textwrap.dedent('''
+    import json, os, sys, time
+    from http.server import BaseHTTPRequestHandler, ThreadingHTTPServer
+
+    args = sys.argv[1:]
+    def arg(name, default=None):
+        return args[args.index(name) + 1] if name in args else default
+    port = int(arg("--port"))
+    spec = arg("--speculative-algorithm") == "DFLASH"
+    block = int(arg("--speculative-num-draft-tokens", 0) or 0)
+    with open(os.environ["FAKE_SGLANG_RECORD"], "a") as out:
+        out.write(json.dumps(args) + "\\n")
+
+    class Handler(BaseHTTPRequestHandler):
+        def log_message(self, *a):
+            pass
+        def _send(self, code, body):
+            data = json.dumps(body).encode()
+            self.send_response(code)
+            self.send_header("Content-Type", "application/json")
+            self.send_header("Content-Length", str(len(data)))
+            self.end_headers()
+            self.wfile.write(data)
+        def do_GET(self):
+            self._send(200 if self.path == "/health" else 404, {})
+        def do_POST(self):
+            request = json.loads(self.rfile.read(int(self.headers["Content-Length"])))
+            ids, sampling = request["input_ids"], request["sampling_params"]
+            n = min(sampling["max_new_tokens"], 6)
+            output = [(sum(ids) + 7 * i) % 50 + 10 for i in range(n)]
+            time.sleep(0.002 * n if spec else 0.006 * n)
+            meta = {"completion_tokens": n, "prompt_tokens": len(ids), "e2e_latency": 0.0}
+            if spec:  # 2 verify steps: one accepted 2 drafts (3 emitted), one accepted 2 (3 emitted)
+                meta.update(spec_verify_ct=2, spec_accept_length=n / 2, spec_accept_histogram=[0, 0, 2])
+            self._send(200, {"text": " ".join(map(str, output)), "output_ids": output, "meta_info": meta})
+
+    ThreadingHTTPServer(("127.0.0.1", port), Handler).serve_forever()
+''')
+
+
+@pytest.fixture
+def fake_sglang(tmp_path, monkeypatch):
+    script = tmp_path / "fake_sglang_server.py"
+    script.write_text(FAKE_SERVER)
+    record = tmp_path / "server_argv.jsonl"
+    monkeypatch.setenv("DPACE_SGLANG_LAUNCH", f"{sys.executable} {script}")
+    monkeypatch.setenv("FAKE_SGLANG_RECORD", str(record))
+    monkeypatch.delenv("DPACE_SGLANG_ARGS", raising=False)
+    return record
+
+
+def _benchmarks(tmp_path) -> dict:
+    rows = {
+        "gsm8k": [{"id": "g1", "benchmark": "gsm8k", "turns": ["What is 2 + 2?"]},
+                  {"id": "g2", "benchmark": "gsm8k", "turns": ["What is 3 + 5?"]}],
+        "mt_bench": [{"id": "m1", "benchmark": "mt_bench", "turns": ["Write a haiku.", "Now a limerick."]}],
+    }
+    files = {}
+    for name, items in rows.items():
+        atomic_write_jsonl(tmp_path / f"{name}.jsonl", items)
+        files[name] = tmp_path / f"{name}.jsonl"
+    return files
+
+
+def _fake_drafter(tmp_path, block_size=4) -> Path:
+    folder = tmp_path / "drafter" / "epoch-1"
+    folder.mkdir(parents=True)
+    (folder / "config.json").write_text(json.dumps({"block_size": block_size, "dflash_config": {"block_size": block_size}}))
+    return folder
+
+
+def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target_json, fake_sglang):
+    from dpace.evaluation import BLOCK_COLUMNS, summarize
+    from dpace.sglang_backend import evaluate_sglang
+
+    drafter = _fake_drafter(tmp_path)
+    out = tmp_path / "eval"
+    kwargs = dict(temperatures=[0.0, 1.0], verification="hard-match", max_new_tokens=8, seed=0,
+                  records_path=out / "records.jsonl", summary_path=out / "summary.json",
+                  blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
+    summary = evaluate_sglang(tiny_target_json, drafter, _benchmarks(tmp_path), **kwargs)
+
+    servers = [json.loads(line) for line in fake_sglang.read_text().splitlines()]
+    assert len(servers) == 2
+    spec_args, ar_args = servers
+    assert spec_args[spec_args.index("--speculative-algorithm") + 1] == "DFLASH"
+    assert spec_args[spec_args.index("--speculative-draft-model-path") + 1] == str(drafter)
+    assert spec_args[spec_args.index("--speculative-num-draft-tokens") + 1] == "4"
+    assert "--speculative-algorithm" not in ar_args and ar_args[ar_args.index("--host") + 1] == "127.0.0.1"
+
+    # Same keys as the in-process backend's summary rows, one row per (benchmark, temperature).
+    local_keys = set(summarize([{
+        "benchmark": "b", "temperature": 0.0, "verification": "hard-match", "prompt_index": 0, "block_size": 4,
+        "turns": [{"ar": {"time_per_output_token_s": 1.0}, "spec": {"time_per_output_token_s": 1.0,
+                                                                  "num_output_tokens": 1},
+                   "acceptance_lengths": [1], "greedy": None}],
+    }])[0])
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert len(summary) == 4 and all(local_keys <= set(row) for row in summary)
+    for row in summary:
+        assert row["tau"] == pytest.approx(3.0)  # spec_accept_length = 6 tokens / 2 verify steps
+        assert row["speedup"] > 1.5  # the fake drafter server is 3x faster per token
+        assert row["acceptance_histogram"] == [0.0, 0.0, 0.0, 1.0, 0.0]  # every step emitted 3 tokens
+        assert row["engine"] == "sglang"
+        assert row["greedy_mismatches"] == (0 if row["temperature"] == 0 else None)
+    mt = next(r for r in summary if r["benchmark"] == "mt_bench" and r["temperature"] == 0)
+    assert mt["num_prompts"] == 1 and mt["num_requests"] == 2
+    assert (out / "blocks.csv").read_text() == ",".join(BLOCK_COLUMNS) + "\n"  # SGLang exposes no per-block q
+
+    # Resumed: every prompt is recorded, so no server is started at all.
+    os.environ["DPACE_SGLANG_LAUNCH"] = "/nonexistent/sglang-must-not-start"
+    assert evaluate_sglang(tiny_target_json, drafter, _benchmarks(tmp_path), **kwargs) == summary
+
+
+def test_sglang_evaluation_resumes_between_the_two_servers(tmp_path, tiny_target_json, fake_sglang):
+    from dpace.sglang_backend import evaluate_sglang
+
+    drafter = _fake_drafter(tmp_path)
+    out = tmp_path / "eval"
+    kwargs = dict(temperatures=[0.0], verification="hard-match", max_new_tokens=8, seed=0,
+                  records_path=out / "records.jsonl", summary_path=out / "summary.json",
+                  blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
+    benchmarks = _benchmarks(tmp_path)
+    evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
+    # Pretend the job died after the speculative phase and one autoregressive record.
+    records = list(read_jsonl(out / "records.jsonl"))
+    atomic_write_jsonl(out / "records.jsonl", records[:1])
+    fake_sglang.write_text("")
+    summary = evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
+    servers = [json.loads(line) for line in fake_sglang.read_text().splitlines()]
+    assert len(servers) == 1 and "--speculative-algorithm" not in servers[0]  # only the baseline reran
+    assert sum(r["num_prompts"] for r in summary) == 3
+
+
+def test_sglang_server_that_dies_or_never_answers_fails_clearly(tmp_path):
+    from dpace.sglang_backend import free_port, sglang_server
+
+    port = free_port()
+    with pytest.raises(RuntimeError, match="exited with code 3.*boom"), sglang_server(
+            [sys.executable, "-c", "print('boom'); raise SystemExit(3)"], port, tmp_path / "a.log", poll_s=0.05):
+        pass
+    with pytest.raises(RuntimeError, match="did not answer"), sglang_server(
+            [sys.executable, "-c", "import time; time.sleep(30)"], port, tmp_path / "b.log", startup_timeout_s=0.5,
+            poll_s=0.05):
+        pass
+
+
+def test_sglang_missing_gives_an_install_hint(monkeypatch):
+    if importlib.util.find_spec("sglang") is not None:
+        pytest.skip("SGLang is installed here")
+    from dpace.sglang_backend import launch_prefix, require_sglang
+
+    monkeypatch.delenv("DPACE_SGLANG_LAUNCH", raising=False)
+    with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
+        require_sglang()
+    with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
+        launch_prefix()
+
+
+# ---------------------------------------------------------------------------------------------
+# SGLang generation
+
+
+class _FakeEngine:
+    calls: list = []
+
+    def __init__(self, **kwargs):
+        type(self).calls.append(("init", kwargs))
+
+    def generate(self, input_ids, sampling_params):
+        type(self).calls.append(("generate", len(input_ids), dict(sampling_params)))
+        return [{"text": f"answer with {len(ids)} prompt tokens"} for ids in input_ids]
+
+    def shutdown(self):
+        type(self).calls.append(("shutdown",))
+
+
+def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_target_json, gpu_env, monkeypatch):
+    from dpace.generation import generate_responses
+
+    fake = type(sys)("sglang")
+    fake.Engine = _FakeEngine
+    _FakeEngine.calls = []
+    monkeypatch.setitem(sys.modules, "sglang", fake)
+    prompts = [{"id": f"p{i}", "prompt": f"Tell me about {i}."} for i in range(5)]
+    atomic_write_jsonl(tmp_path / "prompts.jsonl", prompts)
+    scratch = tmp_path / "partial.jsonl"
+    atomic_write_jsonl(scratch, [{"id": "p2", "conversations": [{"role": "user", "content": "x"},
+                                                                 {"role": "assistant", "content": "earlier"}]}])
+    counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
+                                backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5,
+                                scratch_path=scratch)
+    assert counts == {"prompts": 5, "resumed": 1, "generated": 4, "skipped_too_long": 0}
+    rows = list(read_jsonl(tmp_path / "out.jsonl"))
+    assert [r["id"] for r in rows] == [p["id"] for p in prompts]  # the prompts' order
+    assert rows[2]["conversations"][1]["content"] == "earlier"
+    assert rows[0]["conversations"][0] == {"role": "user", "content": "Tell me about 0."}
+    generates = [c for c in _FakeEngine.calls if c[0] == "generate"]
+    assert [c[1] for c in generates] == [3, 1]
+    assert generates[0][2]["temperature"] == 1.0 and generates[0][2]["max_new_tokens"] == 7
+    assert _FakeEngine.calls[0][1]["random_seed"] == 5 and _FakeEngine.calls[-1] == ("shutdown",)
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ  # restored after the job's GPU slot
+
+
+@pytest.mark.skipif(importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
+                    reason="needs SGLang and a CUDA GPU")
+def test_real_sglang_engine_generates(tmp_path, tiny_target_json, monkeypatch):
+    from dpace.generation import generate_responses
+
+    monkeypatch.setenv("DPACE_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Hello"}])
+    counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
+                                backend="sglang", max_new_tokens=4, batch_size=1)
+    assert counts["generated"] == 1
+
+
+def test_sglang_generation_without_sglang_says_how_to_install(tmp_path, tiny_target_json, monkeypatch):
+    from dpace.generation import generate_responses
+
+    monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang -> ImportError
+    atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Hello"}])
+    with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
+        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", backend="sglang")
+
+
+# ---------------------------------------------------------------------------------------------
+# SpecForge
+
+
+def paper_config() -> dict:
+    return yaml.safe_load((REPO / "workflow" / "configs" / "paper.yaml").read_text())
+
+
+def _settings(variant, config) -> dict:
+    train = config["train"]
+    return {**variant.train_settings(), "num_anchors": train["num_anchors"], "learning_rate": train["learning_rate"],
+            "warmup_ratio": train["warmup_ratio"], "max_grad_norm": train["max_grad_norm"],
+            "micro_batch_size": train["micro_batch_size"], "grad_accumulation": train["grad_accumulation"],
+            "objective_chunk_blocks": train["objective_chunk_blocks"], "weight_decay": train["weight_decay"],
+            "seed": config["seed"]}
+
+
+def test_every_paper_variant_gives_a_valid_specforge_run():
+    from specforge.algorithms.contracts import FeatureMode
+    from specforge.application.composition import bind_run
+
+    from dpace.config import all_variants
+    from dpace.specforge_backend import (
+        ALGORITHM_NAME,
+        ObjectiveSpec,
+        algorithm_registration,
+        plan_topology,
+        run_config,
+        validate_run_config,
+    )
+
+    config = paper_config()
+    variants = all_variants(config)
+    assert len(variants) >= 30
+    topology = plan_topology(["0", "1"], config["train"]["micro_batch_size"], config["train"]["grad_accumulation"])
+    for (target, variant_id), variant in variants.items():
+        settings = _settings(variant, config)
+        run = run_config(
+            run_id=variant_id, target_path=config["targets"][target]["source"], draft_config_path="/x/draft.json",
+            prompts_path="/x/prompts.jsonl", output_dir="/x/out", control_dir="/x/control", cache_dir="/x/cache",
+            settings=settings, num_prompts=100_000, topology=topology,
+            mask_token_id=config["targets"][target]["mask_token_id"], ports=[30001, 30002, 30003, 30004],
+            max_length=config["features"]["max_seq_length"],
+        )
+        cfg = validate_run_config(run)  # SpecForge 0.2.0's own strict schema
+        assert cfg.training.strategy == ALGORITHM_NAME and cfg.mode == "online"
+        assert (cfg.training.batch_size, cfg.training.accumulation_steps, cfg.deployment.trainer.nproc_per_node) \
+            == (2, 2, 1)
+        assert cfg.training.num_epochs == variant.epochs and cfg.training.learning_rate == 6e-4
+        assert cfg.training.num_anchors == 512 and cfg.training.warmup_ratio == 0.04
+        assert cfg.training.max_grad_norm == 1.0 and cfg.training.lr_scheduler == "cosine"
+        assert cfg.training.save_interval == 100_000 // 4 and cfg.data.max_length == 2048
+        assert cfg.model.mask_token_id == {"qwen3-4b": 151669, "qwen3-8b": 151669, "llama3.1-8b": 128002}[target]
+        registration = algorithm_registration(ObjectiveSpec(variant.objective, dict(variant.hparams),
+                                                            variant.normalize))
+        bind_run(cfg, registration)  # SpecForge's algorithm-aware validation of the same run
+        streaming = registration.spec.feature_contracts[1]
+        assert streaming.mode is FeatureMode.STREAMING
+        assert ("target_last_hidden_states" in streaming.required_tensors) == (
+            variant.objective in ("dpace-target-prob", "dpakl", "pard2-cat"))
+
+
+def test_topology_keeps_the_effective_batch():
+    from dpace.specforge_backend import plan_topology
+
+    assert plan_topology(["0", "1"], 2, 2).quantum == 4
+    eight = plan_topology([str(i) for i in range(8)], 2, 2)
+    assert eight.capture_gpus == ("0", "1") and len(eight.trainer_gpus) == 4 and eight.quantum == 4
+    assert plan_topology(["5", "7", "9"], 2, 2).trainer_gpus == ("7", "9")
+    with pytest.raises(ValueError, match="at least 2 GPUs"):
+        plan_topology(["0"], 2, 2)
+
+
+def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix", hparams=None, gpus=("0", "1")):
+    from transformers import AutoConfig
+
+    from dpace.features import load_features
+    from dpace.specforge_backend import (
+        ObjectiveSpec,
+        accepted_prompts,
+        plan_topology,
+        run_config,
+        write_draft_config,
+        write_prompts,
+    )
+    from dpace.targets import _resolve
+
+    path, _ = _resolve(tiny_target_json)
+    spec = ObjectiveSpec(objective, hparams or {}, None).resolved(4)
+    draft = write_draft_config(tmp_path / "draft.json", AutoConfig.from_pretrained(path), depth=2, block_size=4,
+                               layer_ids=load_features(features_dir).layer_ids, mask_token_id=0, spec=spec)
+    written = write_prompts(features_dir, tmp_path / "prompts.jsonl")
+    num = accepted_prompts(tmp_path / "prompts.jsonl", 256)
+    settings = {"objective": objective, "objective_hparams": hparams or {}, "normalize": None, "depth": 2,
+                "block_size": 4, "epochs": 2, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04,
+                "max_grad_norm": 1.0, "objective_chunk_blocks": 0, "seed": 0}
+    run = run_config(run_id="v", target_path=path, draft_config_path=str(draft), prompts_path=str(tmp_path / "prompts.jsonl"),
+                     output_dir=str(tmp_path / "out"), control_dir=str(tmp_path / "control"),
+                     cache_dir=str(tmp_path / "cache"), settings=settings, num_prompts=num,
+                     topology=plan_topology(list(gpus), 2, 2), mask_token_id=0, max_length=256)
+    (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
+    return tmp_path / "run.yaml", written, num
+
+
+def test_specforge_launch_plan_reenters_dpace_with_three_features(tmp_path, tiny_target_json, features_dir, capsys):
+    from dpace.specforge_backend import main
+
+    run_yaml, _, _ = _write_run(tmp_path, tiny_target_json, features_dir, gpus=("0", "1", "2"))
+    assert main(["train", "--config", str(run_yaml), "--plan"]) == 0
+    plan = json.loads(capsys.readouterr().out)
+    assert plan["kind"] == "managed_supervisor"
+    producer, consumer = (c["argv"] for c in plan["commands"])
+    assert producer[1:4] == ["-m", "dpace.specforge_backend", "train"] and producer[-1] == "producer"
+    # Two trainer ranks: torchrun runs this entry point again (the stock CLI would not know "dpace").
+    assert consumer[1:4] == ["-m", "torch.distributed.run", "--no-python"]
+    assert consumer[consumer.index("--nproc_per_node") + 1] == "2"
+    assert consumer[-7:-4] == ["-m", "dpace.specforge_backend", "train"]
+    capture = plan["services"][1]["command"]
+    argv = capture["argv"]
+    layers = argv[argv.index("--spec-capture-aux-layer-ids") + 1: argv.index("--host")]
+    assert layers == ["1", "3"]  # the features' layers, not one per draft layer
+    assert capture["env"]["CUDA_VISIBLE_DEVICES"] == "0"
+
+
+@pytest.mark.parametrize("objective,hparams", [("topk-prefix", {"k": 2}), ("dpakl", {"alpha": 0.3})])
+def test_registered_provider_builds_and_steps_our_objective(tmp_path, tiny_target_json, features_dir, objective,
+                                                            hparams):
+    """SpecForge's own model providers and train step, on CPU, train exactly ObjectiveDFlashModel."""
+    from specforge.application import resolve_run
+    from specforge.config.schema import Config
+    from specforge.runtime.contracts import TrainBatch
+    from specforge.training.model_loading import resolve_draft_config
+    from transformers import AutoConfig, AutoTokenizer
+
+    from dpace.features import load_features
+    from dpace.online_model import ObjectiveDFlashModel
+    from dpace.specforge_backend import objective_of_run, registry
+
+    run_yaml, _, _ = _write_run(tmp_path, tiny_target_json, features_dir, objective, hparams)
+    raw = yaml.safe_load(run_yaml.read_text())
+    raw["model"]["torch_dtype"] = "float32"
+    raw["training"]["attention_backend"] = "sdpa"
+    cfg = Config.model_validate(raw)
+    run = resolve_run(cfg, registry(objective_of_run(run_yaml)))
+    providers = run.algorithm.providers
+    draft_config = resolve_draft_config(cfg, provider=providers.model.draft_config)
+    assert draft_config.num_hidden_layers == 2 and draft_config.dflash_config["target_layer_ids"] == [1, 3]
+    draft = providers.model.build_draft(cfg, draft_config)
+    path = cfg.model.target_model_path
+    parts = providers.model.build_training_model(cfg, draft, draft_config, AutoConfig.from_pretrained(path),
+                                                 AutoTokenizer.from_pretrained(path))
+    model = parts.model
+    assert isinstance(model, ObjectiveDFlashModel) and model.objective == objective
+    assert all(model.objective_hparams[k] == v for k, v in hparams.items())
+    contract = providers.step.resume_contract(cfg, draft, model)
+    assert json.loads(contract["dpace_objective"])["objective"] == objective
+
+    features = load_features(features_dir)
+    item = features.sequence(0)
+    tensors = {"input_ids": item["input_ids"].long()[None], "loss_mask": item["loss_mask"].float()[None],
+               "hidden_states": item["hidden"].float()[None],
+               "target_last_hidden_states": item["last_hidden"].float()[None]}
+    step = providers.step.build(model)
+    torch.manual_seed(0)
+    output = step.forward_loss(TrainBatch(sample_ids=["0"], strategy="dpace", tensors=tensors))
+    torch.manual_seed(0)
+    direct, _, _ = model(input_ids=tensors["input_ids"], hidden_states=tensors["hidden_states"],
+                         loss_mask=tensors["loss_mask"], target_last_hidden_states=tensors["target_last_hidden_states"])
+    assert torch.isfinite(output.loss) and output.loss.item() == pytest.approx(direct.item())
+
+
+FAKE_SPECFORGE = textwrap.dedent('''
+    import json, os, shutil, sys
+    import yaml
+    args = sys.argv[1:]
+    record = os.environ["FAKE_SPECFORGE_RECORD"]
+    with open(record, "a") as out:
+        out.write(json.dumps(args) + "\\n")
+    if args[0] == "train":
+        config = args[args.index("--config") + 1]
+        shutil.copy(config, os.path.dirname(record) + "/seen_run.yaml")
+        run = yaml.safe_load(open(config))
+        t = run["training"]
+        n = sum(1 for _ in open(run["data"]["prompts_path"]))
+        quantum = t["batch_size"] * t["accumulation_steps"] * run["deployment"]["trainer"]["nproc_per_node"]
+        total = n * t["num_epochs"] // quantum
+        for step in range(1, total + 1):
+            print(f"step {step}: {{'train/loss': {10.0 / step}, 'train/accuracy': {step / total}, "
+                  f"'train/lr': 0.001, 'train/weight_per_position': [0.0, 0.5, 0.3, 0.2]}}", flush=True)
+            if step % t["save_interval"] == 0 or step == total:
+                os.makedirs(f"{run['output_dir']}/{run['run_id']}-step{step}")
+    elif args[0] == "export":
+        target = args[args.index("--output-dir") + 1]
+        os.makedirs(target)
+        shutil.copy(args[args.index("--draft-config") + 1], target + "/config.json")
+        open(target + "/from_checkpoint", "w").write(args[args.index("--checkpoint") + 1])
+''')
+
+
+def test_train_with_specforge_launches_exports_and_summarises(tmp_path, tiny_target_json, features_dir, monkeypatch):
+    from dpace.features import load_features
+    from dpace.specforge_backend import OBJECTIVE_KEY, train_with_specforge
+
+    script = tmp_path / "specforge"
+    script.write_text(f"#!{sys.executable}\n" + FAKE_SPECFORGE)
+    script.chmod(0o755)
+    record = tmp_path / "argv.jsonl"
+    monkeypatch.setenv("DPACE_SPECFORGE_CLI", str(script))
+    monkeypatch.setenv("FAKE_SPECFORGE_RECORD", str(record))
+    settings = {"objective": "dpace", "objective_hparams": {"alpha": 0.3}, "normalize": None, "depth": 2,
+                "block_size": 4, "epochs": 2, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04,
+                "max_grad_norm": 1.0, "micro_batch_size": 2, "grad_accumulation": 2, "objective_chunk_blocks": 0,
+                "weight_decay": 0.0, "seed": 0}
+    out = tmp_path / "drafters" / "dpace-alpha0.3-d2-b4-e2"
+    log = open(tmp_path / "train.log", "w")
+    summary = train_with_specforge(settings, target_json=tiny_target_json, features_dir=features_dir, out_dir=out,
+                                   scratch_dir=tmp_path / "scratch", gpus=["4", "6"], mask_token="<empty_output>",
+                                   max_length=256, log=log)
+    log.close()
+    calls = [json.loads(line) for line in record.read_text().splitlines()]
+    assert calls[0][:2] == ["train", "--config"]
+    assert [c[0] for c in calls[1:]] == ["export", "export"] and all(c[1:3] == ["--to", "hf"] for c in calls[1:])
+    run = yaml.safe_load((tmp_path / "seen_run.yaml").read_text())
+    managed = run["deployment"]["disaggregated"]["managed_local"]
+    assert managed["capture_servers"][0]["cuda_visible_devices"] == ["4"]
+    assert managed["trainer_cuda_visible_devices"] == ["6"]  # the job's physical GPUs
+    draft = json.loads(Path(run["model"]["draft_model_config"]).read_text())
+    assert draft[OBJECTIVE_KEY] == {"objective": "dpace", "hparams": {"alpha": 0.3}, "normalize": None}
+    prompts = list(read_jsonl(run["data"]["prompts_path"]))
+    features = load_features(features_dir)
+    assert len(prompts) == len(features) == 10
+    assert prompts[3]["input_ids"] == features.sequence(3)["input_ids"].tolist()  # our tokenisation, as is
+
+    steps_per_epoch = 10 // 4
+    assert summary["steps_per_epoch"] == steps_per_epoch and summary["steps"] == 10 * 2 // 4
+    for epoch, step in ((1, steps_per_epoch), (2, summary["steps"])):
+        exported = out / f"epoch-{epoch}"
+        assert (exported / "from_checkpoint").read_text().endswith(f"v-step{step}".replace("v", out.name))
+    assert not list((tmp_path / "scratch" / "specforge").glob("*-step*"))  # checkpoints removed after export
+    rows = list(read_jsonl(out / "steps.jsonl"))  # the local backend's layout: 0-based steps
+    assert [r["global_step"] for r in rows] == list(range(summary["steps"]))
+    assert [(r["epoch"], r["step"]) for r in rows] == [(1, 0), (1, 1), (2, 0), (2, 1), (2, 2)]
+    assert rows[-1]["loss"] == pytest.approx(10.0 / summary["steps"]) and rows[-1]["progress"] == 1.0
+    assert rows[0]["weight_per_position"] == [0.0, 0.5, 0.3, 0.2] and rows[0]["lr"] == 0.001
+    assert json.loads((out / "summary.json").read_text())["backend"] == "specforge"
+    assert summary["final_accuracy"] == 1.0 and summary["hparams"] == {"alpha": 0.3}
+
+
+def test_specforge_backend_refuses_one_gpu(tmp_path, tiny_target_json, features_dir):
+    from dpace.specforge_backend import train_with_specforge
+
+    settings = {"objective": "dpace", "objective_hparams": {}, "normalize": None, "depth": 1, "block_size": 4,
+                "epochs": 1, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
+                "micro_batch_size": 2, "grad_accumulation": 2, "objective_chunk_blocks": 0, "seed": 0}
+    with pytest.raises(ValueError, match="train.backend=local"):
+        train_with_specforge(settings, target_json=tiny_target_json, features_dir=features_dir,
+                             out_dir=tmp_path / "o", scratch_dir=tmp_path / "s", gpus=["0"],
+                             mask_token="<empty_output>", max_length=256)

@@ -1,0 +1,120 @@
+"""The paper config planned with the local and the SLURM profiles (dry runs, no cluster, no GPU)."""
+
+from __future__ import annotations
+
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import pytest
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+PAPER = REPO / "workflow" / "configs" / "paper.yaml"
+GPU_RULES = {"generate_responses": 1, "train_drafter": 2, "evaluate": 1}  # paper.yaml: sglang, specforge, sglang
+TABLE_1_JOBS = {"benchmark_prompts": 6, "prepare_target": 1, "training_prompts": 1, "generate_responses": 1,
+                "features": 1, "train_drafter": 8, "evaluate": 8, "group_metrics": 1}
+
+
+def dry_run(tmp_path: Path, profile: str, target: str) -> str:
+    env = {**os.environ, "SLURM_ACCOUNT": "fake_account", "SLURM_PARTITION": "fake_partition"}
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+               "--configfile", str(PAPER), "--workflow-profile", str(REPO / "workflow" / "profiles" / profile),
+               "-n", target]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return result.stdout + result.stderr
+
+
+def planned_jobs(text: str) -> list[tuple[str, dict]]:
+    """Every planned job as (rule, resources)."""
+    jobs = []
+    for block in re.split(r"\n(?=\[[^\]]*\]\n(?:local)?rule )", text):
+        match = re.search(r"^(?:local)?rule (\w+):", block, re.MULTILINE)
+        if not match or "Job stats" in block.split("\n", 1)[0]:
+            continue
+        resources = {}
+        found = re.search(r"^\s+resources: (.*)$", block, re.MULTILINE)
+        if found:
+            for item in found.group(1).split(", "):
+                key, _, value = item.partition("=")
+                resources[key] = value
+        jobs.append((match.group(1), resources))
+    return jobs
+
+
+def job_counts(jobs) -> dict[str, int]:
+    counts: dict[str, int] = {}
+    for rule, _ in jobs:
+        counts[rule] = counts.get(rule, 0) + 1
+    return counts
+
+
+def check_gpu_resources(jobs, *, slurm: bool) -> None:
+    for rule, resources in jobs:
+        if rule in GPU_RULES:
+            assert int(resources["gpu"]) >= 1, (rule, resources)
+            if slurm:
+                assert int(resources["gpu"]) == GPU_RULES[rule], (rule, resources)
+                assert resources["gpu_model"] == {"generate_responses": "h200", "train_drafter": "h200",
+                                                  "evaluate": "l40s"}[rule]
+        else:  # data, target, features, metrics, tables and figures: no GPU
+            assert int(resources.get("gpu", 0)) == 0 and "gpu_model" not in resources, (rule, resources)
+        if slurm and rule not in ("all",):
+            assert resources.get("slurm_account") == "fake_account", (rule, resources)
+            assert resources.get("slurm_partition") == "fake_partition", (rule, resources)
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_table_1_plan(tmp_path, profile):
+    jobs = planned_jobs(dry_run(tmp_path, profile, "results/table_main.tex"))
+    counts = job_counts(jobs)
+    for rule, count in TABLE_1_JOBS.items():
+        assert counts.get(rule) == count, (rule, counts)
+    assert sum(counts.values()) == sum(TABLE_1_JOBS.values()) + 1  # + the table itself
+    check_gpu_resources(jobs, slurm=profile == "slurm")
+    if profile == "local":
+        # One machine with the profile's single gpu token: GPU jobs run one at a time.
+        assert all(int(r["gpu"]) == 1 for rule, r in jobs if rule in GPU_RULES)
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_everything_plan(tmp_path, profile):
+    jobs = planned_jobs(dry_run(tmp_path, profile, "all"))
+    counts = job_counts(jobs)
+    # 'all' holds at least Table 1's jobs, with more drafters (every experiment group) on three targets.
+    for rule, count in TABLE_1_JOBS.items():
+        assert counts.get(rule, 0) >= count, (rule, counts)
+    assert counts["prepare_target"] == 3 and counts["generate_responses"] == 3 and counts["features"] == 3
+    assert counts["train_drafter"] >= 30 and counts["evaluate"] > counts["train_drafter"]  # + ablation epochs
+    text_targets = [rule for rule in counts if rule not in GPU_RULES and rule not in TABLE_1_JOBS]
+    assert text_targets, counts  # tables / figures / metrics rules exist
+    check_gpu_resources(jobs, slurm=profile == "slurm")
+
+
+def _keys_without_comment(path: Path) -> list[str]:
+    missing, previous = [], ""
+    for line in path.read_text().splitlines():
+        stripped = line.strip()
+        if stripped and not stripped.startswith("#") and ":" in stripped:
+            if "#" not in stripped and not previous.startswith("#"):
+                missing.append(stripped)
+        previous = stripped
+    return missing
+
+
+@pytest.mark.parametrize("profile", ["local", "slurm"])
+def test_every_profile_key_is_commented(profile):
+    path = REPO / "workflow" / "profiles" / profile / "profile.yaml"
+    assert _keys_without_comment(path) == []
+
+
+def test_slurm_profile_settings():
+    profile = yaml.safe_load((REPO / "workflow" / "profiles" / "slurm" / "profile.yaml").read_text())
+    assert profile["executor"] == "slurm" and profile["slurm-logdir"] == "results/logs/slurm"
+    assert profile["default-resources"]["slurm_account"] == "$SLURM_ACCOUNT"
+    assert profile["default-resources"]["slurm_partition"] == "$SLURM_PARTITION"
+    local = yaml.safe_load((REPO / "workflow" / "profiles" / "local" / "profile.yaml").read_text())
+    assert local["resources"]["gpu"] >= 1 and "executor" not in local

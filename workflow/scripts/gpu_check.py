@@ -1,0 +1,154 @@
+"""GPU check: the smoke DAG end to end on this machine's CUDA GPU(s), offline, with every GPU
+backend that is installed; prints tau, SR and the time of each stage.
+
+    python workflow/scripts/gpu_check.py                  # workdir: a fresh temporary folder
+    python workflow/scripts/gpu_check.py --workdir /scratch/gpu-check --target all
+
+Backends: generation and evaluation use SGLang when it is installed (``pip install -e .[gpu]``),
+else the in-process ones on CUDA; training uses the local loop on one GPU, or SpecForge when
+``--specforge`` is given and the machine has >= 2 GPUs (SpecForge's capture server and trainer
+need their own). The smoke config's random target is widened to head_dim 64 (hidden 256, 4 heads)
+so that SGLang's attention kernels accept it; everything else is workflow/configs/smoke.yaml.
+``--cpu`` runs the same check without a GPU (to test this script). Exit code 0 = every stage ran.
+"""
+
+from __future__ import annotations
+
+import argparse
+import csv
+import importlib.util
+import json
+import os
+import subprocess
+import sys
+import tempfile
+import time
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[2]
+STAGES = ["data", "targets", "responses", "features", "train", "eval", "report"]
+
+
+def cuda_devices() -> int:
+    try:
+        import torch
+    except ImportError:
+        return 0
+    return torch.cuda.device_count() if torch.cuda.is_available() else 0
+
+
+def plan_backends(*, gpus: int, want_specforge: bool, cpu: bool) -> tuple[dict, list[str]]:
+    """Config overrides for the installed GPU backends, and notes on what was left out and why."""
+    notes = []
+    sglang = importlib.util.find_spec("sglang") is not None
+    backends = {"generate": "transformers", "train": "local", "eval": "local"}
+    if sglang and not cpu:
+        backends["generate"] = backends["eval"] = "sglang"
+    else:
+        notes.append("SGLang not used (" + ("--cpu" if cpu else "not installed: pip install -e .[gpu]") + "): "
+                     "generation and evaluation run in-process")
+    if want_specforge:
+        if gpus >= 2 and sglang and importlib.util.find_spec("mooncake") is not None:
+            backends["train"] = "specforge"
+        else:
+            notes.append(f"SpecForge training skipped: needs >= 2 GPUs (have {gpus}), SGLang and Mooncake")
+    return backends, notes
+
+
+def write_config(workdir: Path, mirror: Path, backends: dict) -> Path:
+    config = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
+    config["data"]["mirror"] = str(mirror)
+    target = config["targets"][config["main_target"]]
+    target.update(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2)
+    for section, backend in backends.items():
+        config[section]["backend"] = backend
+    path = workdir / "gpu_check.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
+def stage_times(workdir: Path) -> dict[str, float]:
+    """Seconds per stage, summed over the jobs' Snakemake benchmark files."""
+    times = {}
+    for stage in STAGES:
+        total = 0.0
+        for tsv in (workdir / "results" / "benchmarks" / stage).rglob("*.tsv"):
+            with open(tsv) as handle:
+                rows = list(csv.DictReader(handle, delimiter="\t"))
+            total += sum(float(row["s"]) for row in rows if row.get("s") not in (None, "", "NA"))
+        if total:
+            times[stage] = total
+    return times
+
+
+def eval_results(workdir: Path) -> list[dict]:
+    """Mean tau and SR over benchmarks per (variant, temperature), from every evaluation summary."""
+    out = []
+    for path in sorted((workdir / "results" / "eval").rglob("summary.json")):
+        rows = json.loads(path.read_text())
+        variant, suite = path.parts[-4], path.parts[-2]
+        for temperature in sorted({r["temperature"] for r in rows}):
+            sel = [r for r in rows if r["temperature"] == temperature]
+            taus = [r["tau"] for r in sel if r.get("tau") is not None]
+            out.append({
+                "variant": variant, "suite": suite, "T": temperature,
+                "tau": sum(taus) / len(taus) if taus else float("nan"),
+                "SR": sum(r["speedup"] for r in sel) / len(sel),
+                "engine": sel[0].get("engine", "local"),
+                "greedy_mismatches": sum(r.get("greedy_mismatches") or 0 for r in sel),
+            })
+    return out
+
+
+def main(argv=None) -> int:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--workdir", type=Path, default=None, help="Snakemake working folder (default: a new temp dir)")
+    parser.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="offline data mirror")
+    parser.add_argument("--target", default="results/table_main.tex", help="Snakemake target (e.g. all)")
+    parser.add_argument("--specforge", action="store_true", help="train with SpecForge when >= 2 GPUs allow it")
+    parser.add_argument("--cpu", action="store_true", help="run without a GPU (tests this script)")
+    parser.add_argument("--cores", default="all")
+    args = parser.parse_args(argv)
+
+    gpus = cuda_devices()
+    if not gpus and not args.cpu:
+        print("gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); use --cpu to test the script")
+        return 2
+    if not (args.mirror / "benchmarks").exists():
+        print(f"gpu_check: data mirror {args.mirror} not found (this check runs offline); pass --mirror")
+        return 2
+    workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dpace-gpu-check-"))
+    workdir.mkdir(parents=True, exist_ok=True)
+    backends, notes = plan_backends(gpus=gpus, want_specforge=args.specforge, cpu=args.cpu)
+    config = write_config(workdir, args.mirror.resolve(), backends)
+    env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+               "--configfile", str(config), "--cores", str(args.cores), "--resources", f"gpu={max(gpus, 1)}",
+               "--printshellcmds", "--", args.target]
+    print(f"gpu_check: {gpus} GPU(s); backends {backends}; workdir {workdir}")
+    for note in notes:
+        print(f"gpu_check: {note}")
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, cwd=REPO)
+    wall = time.perf_counter() - started
+
+    print("\n== time per stage (s, summed over jobs) ==")
+    for stage, seconds in stage_times(workdir).items():
+        print(f"{stage:10s} {seconds:10.1f}")
+    print(f"{'wall':10s} {wall:10.1f}")
+    print("\n== tau and SR (mean over benchmarks) ==")
+    print(f"{'variant':40s} {'suite':10s} {'T':>4s} {'tau':>7s} {'SR':>7s} {'greedy mism.':>12s} engine")
+    for row in eval_results(workdir):
+        print(f"{row['variant']:40s} {row['suite']:10s} {row['T']:4g} {row['tau']:7.3f} {row['SR']:7.3f} "
+              f"{row['greedy_mismatches']:12d} {row['engine']}")
+    if result.returncode:
+        print(f"\ngpu_check: FAILED (snakemake exit code {result.returncode}); job logs under {workdir}/results/logs")
+        return result.returncode
+    print(f"\ngpu_check: OK ({backends})")
+    return 0
+
+
+if __name__ == "__main__":
+    raise SystemExit(main())
