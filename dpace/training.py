@@ -40,6 +40,7 @@ class TrainConfig:
     depth: int = 1
     block_size: int = 16
     mask_token: str = "<empty_output>"  # an unused special token fills the block's masked slots
+    mask_token_id: int | None = None  # overrides mask_token (Qwen3's 151669 has no token string)
     num_anchors: int = 512
     epochs: int = 6
     learning_rate: float = 6e-4
@@ -126,9 +127,13 @@ def train_drafter(
 
     features = load_features(features_dir)
     target, tokenizer = load_target(target_json, device=config.device)
-    mask_token_id = tokenizer.convert_tokens_to_ids(config.mask_token)
-    if not isinstance(mask_token_id, int) or mask_token_id == tokenizer.unk_token_id:
-        raise ValueError(f"mask_token {config.mask_token!r} is not a token of the target's tokenizer")
+    mask_token_id = config.mask_token_id
+    if mask_token_id is None:
+        mask_token_id = tokenizer.convert_tokens_to_ids(config.mask_token)
+        if not isinstance(mask_token_id, int) or mask_token_id == tokenizer.unk_token_id:
+            raise ValueError(f"mask_token {config.mask_token!r} is not a token of the target's tokenizer")
+    elif not 0 <= mask_token_id < target.config.vocab_size:
+        raise ValueError(f"mask_token_id {mask_token_id} is outside the target's vocabulary")
     needs_target = objective in NEEDS_TARGET_LOGITS
     online = features.hidden is None  # features mode "online": the target runs every step
     if needs_target and not online and features.last_hidden is None:

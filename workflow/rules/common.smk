@@ -44,3 +44,66 @@ def group_evaluations(group):
             paths += [eval_summary(v.target, v.id, e, "trajectory") for e in range(1, v.epochs)]
     return paths
 
+
+# Each artifact: the experiment group it exists for, and the groups whose rows it reads
+# (tables borrow the main DFlash / D-PACE rows when their own group lacks them).
+ARTIFACTS = {
+    "table_main": {"requires": "main", "groups": ["main"]},
+    "table_cross_model": {"requires": "main", "groups": ["cross_model", "main"]},
+    "table_ablation": {"requires": "ablation", "groups": ["ablation", "main"]},
+    "table_smoothing": {"requires": "smoothing", "groups": ["smoothing", "main", "block_size"]},
+    "table_block_size": {"requires": "block_size", "groups": ["block_size", "main"]},
+    "table_target_prob": {"requires": "target_prob", "groups": ["target_prob", "main"]},
+    "table_training_time": {"requires": "main", "groups": ["main"], "train": True},
+    "table_correlation": {"requires": "main", "groups": ["main"], "blocks": True},
+    "table_objectives_extra": {"requires": "extras", "groups": ["extras", "main"]},
+    "table_normalization": {"requires": "normalization", "groups": ["normalization", "main"]},
+    "fig_motivation": {"requires": "main", "groups": ["main", "cross_model"], "blocks": True},
+    "fig_weight_dynamics": {"requires": "main", "groups": ["main"], "train": True},
+    "fig_tau_trajectory": {"requires": "ablation", "groups": ["ablation"]},
+}
+TABLES = [name for name in ARTIFACTS if name.startswith("table_")]
+FIGURES = [name for name in ARTIFACTS if name.startswith("fig_")]
+
+
+def configured(names):
+    return [name for name in names if ARTIFACTS[name]["requires"] in EXPERIMENTS]
+
+
+def artifact_paths(names):
+    return [f"{RESULTS}/{name}.tex" if name in TABLES else f"{RESULTS}/{name}.pdf" for name in configured(names)]
+
+
+def report_targets():
+    return artifact_paths(TABLES + FIGURES)
+
+
+def artifact_inputs(name):
+    spec = ARTIFACTS[name]
+    inputs = {"metrics": [f"{RESULTS}/metrics/{g}.csv" for g in spec["groups"] if g in EXPERIMENTS]}
+    if spec.get("blocks"):
+        inputs["blocks"] = f"{RESULTS}/metrics/main_blocks.csv"
+    if spec.get("train"):
+        inputs["train_steps"] = f"{RESULTS}/metrics/main_train_steps.csv"
+        inputs["train_runs"] = f"{RESULTS}/metrics/main_train_runs.csv"
+    return inputs
+
+
+def group_metadata(group):
+    """What the metrics CSV needs to know about each evaluated drafter of a group."""
+    rows = []
+    for v in EXPERIMENTS[group].variants:
+        target = config["targets"][v.target]
+        rows.append({
+            "target": v.target,
+            "target_label": target.get("label", v.target),
+            "variant": v.id,
+            "group": group,
+            "objective": v.objective,
+            "depth": v.depth,
+            "block_size": v.block_size,
+            "hparams": dict(v.hparams),
+            "normalize": v.normalize or "default",
+            "epochs": v.epochs,
+        })
+    return rows

@@ -39,22 +39,8 @@ if params.backend == "specforge":
 elif params.backend == "local":
     from dpace.training import TrainConfig, train_drafter
 
-    mask = {"mask_token": params.mask_token}
     mask_token_id = target.get("mask_token_id")
-    if mask_token_id is not None:
-        if "mask_token_id" in TrainConfig.__dataclass_fields__:
-            mask["mask_token_id"] = int(mask_token_id)
-        else:  # TrainConfig takes the mask as a token string: only ids that have one can be used
-            from dpace.targets import load_tokenizer
-
-            tokenizer = load_tokenizer(snakemake.input.target)
-            token = tokenizer.convert_ids_to_tokens(int(mask_token_id))
-            if token is None or tokenizer.convert_tokens_to_ids(token) != int(mask_token_id):
-                raise ValueError(
-                    f"targets.{snakemake.wildcards.target}.mask_token_id={mask_token_id} has no token string, and "
-                    "train.backend=local takes the mask as a token string (use train.backend=specforge)"
-                )
-            mask["mask_token"] = token
+    mask = {"mask_token": params.mask_token, "mask_token_id": None if mask_token_id is None else int(mask_token_id)}
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
     with gpu_slot(1 if gpus and machine_gpu_ids() else 0) as ids:
         import torch
