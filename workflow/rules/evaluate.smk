@@ -33,7 +33,7 @@ rule evaluate:
         backend=config["eval"]["backend"],
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=stage_fingerprint("evaluate"),
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         gpu=1,  # one GPU when the machine has one (local backend on CUDA, or SGLang); CPU otherwise
     script:

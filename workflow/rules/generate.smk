@@ -20,7 +20,7 @@ rule generate_responses:
         seed=config["seed"],
         scratch=f"{SCRATCH}/responses/{{target}}/{{dataset}}.partial.jsonl",
         code=stage_fingerprint("generate"),
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         gpu=1 if config["generate"]["backend"] == "sglang" else 0,
     script:

@@ -28,7 +28,7 @@ rule train_drafter:
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
         code=stage_fingerprint("train"),
-    threads: workflow.cores
+    threads: JOB_THREADS
     resources:
         # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two.
         gpu=2 if config["train"]["backend"] == "specforge" else 1,
