@@ -168,6 +168,11 @@ def check_config(config: dict) -> None:
     for name in config["data"]["benchmarks"]:
         if name not in BENCHMARKS:
             raise ConfigError(f"data.benchmarks: unknown benchmark {name!r}; valid: {sorted(BENCHMARKS)}")
+    counts = config["data"]["prompts_per_benchmark"]
+    if isinstance(counts, dict):
+        missing = [name for name in config["data"]["benchmarks"] if name not in counts]
+        if missing:
+            raise ConfigError(f"data.prompts_per_benchmark: no count for benchmark(s) {missing}")
     for name in config["train"].get("objective_hparams", {}):
         if name not in OBJECTIVES:
             raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(OBJECTIVES)}")
@@ -204,6 +209,9 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> None:
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:
         error = errors[0]
+        if error.context:  # oneOf / anyOf: report the branch that fits the value's type best
+            fitting = [e for e in error.context if e.validator != "type"]  # branches of the right type
+            error = jsonschema.exceptions.best_match(fitting or error.context)
         where = _key_path(error.absolute_path)
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))

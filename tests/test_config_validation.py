@@ -48,6 +48,7 @@ BAD = [
     ("data.prompts_per_benchmark", 0, r"data\.prompts_per_benchmark: 0 is less than the minimum of 1"),
     ("experiments.normalization.modes", ["mean"], r"experiments\.normalization\.modes\.0: 'mean' is not one of \['batch'"),
     ("train.objective_hparams", {"dpace-x": {"alpha": 0.5}}, r"train\.objective_hparams: unknown objective 'dpace-x'"),
+    ("data.prompts_per_benchmark", {"math500": 2}, r"data\.prompts_per_benchmark: no count for benchmark\(s\) \['mt_bench'\]"),
 ]
 
 

@@ -21,6 +21,11 @@ JOB_THREADS = config.get("job_threads") or workflow.cores
 SCRATCH = f"{RESULTS}/scratch"
 
 
+def prompts_per_benchmark(benchmark):
+    counts = config["data"]["prompts_per_benchmark"]
+    return counts if isinstance(counts, int) else counts[benchmark]
+
+
 def variant(wildcards):
     return VARIANTS[(wildcards.target, wildcards.variant)]
 

@@ -10,7 +10,7 @@ rule benchmark_prompts:
         f"{RESULTS}/benchmarks/data/benchmark_{{benchmark}}.tsv"
     params:
         mirror=config["data"].get("mirror"),
-        num_prompts=config["data"]["prompts_per_benchmark"],
+        num_prompts=lambda wildcards: prompts_per_benchmark(wildcards.benchmark),
         seed=config["seed"],
         code=stage_fingerprint("data"),
     localrule: True
