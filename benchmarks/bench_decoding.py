@@ -1,0 +1,192 @@
+"""Cost per decoding step: autoregressive step vs DFlash verify + draft step, ours vs dflash_generate.
+
+SR = tau * (AR step time / speculative step time), so SR/tau is the ratio of step costs and does
+not depend on how good the drafter is: a randomly initialised drafter is enough to measure it.
+
+    python benchmarks/bench_decoding.py                       # SmolLM2-135M, 1-layer drafter, B=8
+    python benchmarks/bench_decoding.py --target-json results/targets/smollm2/target.json
+
+Without ``--target-json`` the embedded SmolLM2 is materialised once into ``--cache-dir`` (~25 s).
+The machine may be shared: the script prints the load average before and after, and reports the
+median (and the minimum) over interleaved repetitions.
+"""
+
+from __future__ import annotations
+
+import argparse
+import os
+import platform
+import statistics
+import time
+from pathlib import Path
+
+import torch
+from torch.nn import functional as F
+
+from dpace.decoding import _make_cache, autoregressive_generate, optimize_for_cpu, speculative_generate
+from dpace.drafter import default_target_layer_ids, drafter_config
+from dpace.targets import chat_prompt_ids, load_target, prepare_target
+
+PROMPT = (
+    "Write a short story about a robot who learns to paint. Make it vivid and detailed, "
+    "about three paragraphs, and end it with a twist."
+)
+
+
+def load_models(args):
+    from dflash.model import DFlashDraftModel
+
+    target_json = args.target_json
+    if target_json is None:
+        target_json = Path(args.cache_dir) / "target.json"
+        if not target_json.exists():
+            prepare_target({"source": "embedded"}, args.cache_dir)
+    dtype = getattr(torch, args.dtype)
+    target, tokenizer = load_target(target_json, dtype=dtype)
+    n = target.config.num_hidden_layers
+    config = drafter_config(
+        target.config, depth=args.draft_layers, block_size=args.block_size,
+        target_layer_ids=default_target_layer_ids(n, args.features), mask_token_id=tokenizer.unk_token_id or 0,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    drafter = DFlashDraftModel(config).to(dtype).eval()
+    return target, drafter, tokenizer
+
+
+def timed(fn, repeats):
+    times = []
+    for _ in range(repeats):
+        start = time.perf_counter()
+        fn()
+        times.append(time.perf_counter() - start)
+    return times
+
+
+@torch.inference_mode()
+def step_costs(target, drafter, prompt_ids, context, repeats):
+    """ms per AR step (1 token), verify step (B tokens) and draft step, at ``context`` cached tokens."""
+    block = drafter.block_size
+    cache = _make_cache(target.config)
+    ids = torch.tensor([prompt_ids * (context // len(prompt_ids) + 1)])[:, :context]
+    out = target(ids, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
+    layer_ids = drafter.target_layer_ids
+    hidden = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
+    draft_cache = _make_cache(drafter.config)
+    positions = torch.arange(context + block)[None]
+    noise = F.embedding(torch.full((1, block), drafter.mask_token_id), target.get_input_embeddings().weight)
+    drafter(target_hidden=hidden, noise_embedding=noise, position_ids=positions,
+            past_key_values=draft_cache, use_cache=True)
+    draft_cache.crop(-block)
+
+    def ar():
+        target(ids[:, :1], position_ids=positions[:, context : context + 1], past_key_values=cache, use_cache=True)
+        cache.crop(-1)
+
+    def verify():
+        out = target(ids[:, :block], position_ids=positions[:, context : context + block], past_key_values=cache,
+                     use_cache=True, output_hidden_states=True)
+        torch.argmax(out.logits, dim=-1)
+        cache.crop(-block)
+
+    def draft():
+        # one newly accepted token of context, as after a rejected block
+        h = drafter(target_hidden=hidden[0, -1:][None], noise_embedding=noise,
+                    position_ids=positions[:, context - 1 : context + block], past_key_values=draft_cache,
+                    use_cache=True)[0, 1 - block :]  # 2-D rows, as speculative_generate does
+        draft_cache.crop(-(block + 1))
+        torch.argmax(drafter.compute_logits(h, target.lm_head), dim=-1)
+
+    draft_cache.crop(-1)  # the draft step re-adds the last context token
+    results = {"ar": [], "verify": [], "draft": []}
+    for fn in (ar, verify, draft):  # warm-up
+        fn()
+    for _ in range(repeats):  # interleaved, so load changes hit all three alike
+        for name, fn in (("ar", ar), ("verify", verify), ("draft", draft)):
+            results[name] += timed(fn, 1)
+    return {name: (1e3 * statistics.median(t), 1e3 * min(t)) for name, t in results.items()}
+
+
+def end_to_end(target, drafter, prompt_ids, max_new_tokens, repeats):
+    """Generation of ``max_new_tokens`` (no stop token) with our code and with dflash_generate."""
+    import dflash.model as dm
+
+    dm._cuda_time = time.perf_counter  # dflash's timer synchronises CUDA; we are on the CPU
+    ids = torch.tensor([prompt_ids])
+    runs = {
+        "ours AR": lambda: autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, stop_token_ids=None),
+        "ours spec": lambda: speculative_generate(drafter, target, ids, max_new_tokens=max_new_tokens,
+                                                  stop_token_ids=None),
+        "dflash AR": lambda: dm.dflash_generate(drafter, target, ids, max_new_tokens, None, block_size=1,
+                                                return_stats=True),
+        "dflash spec": lambda: dm.dflash_generate(drafter, target, ids, max_new_tokens, None, return_stats=True),
+    }
+    for run in runs.values():  # warm-up
+        run()
+    stats = {name: [] for name in runs}
+    for _ in range(repeats):
+        for name, run in runs.items():
+            result = run()
+            tpot = getattr(result, "time_per_output_token_s", None) or result.time_per_output_token
+            steps = len(result.acceptance_lengths)
+            stats[name].append((tpot, steps, result.num_output_tokens))
+    summary = {}
+    for name, values in stats.items():
+        tpot = statistics.median(v[0] for v in values)
+        steps, tokens = values[0][1], values[0][2]
+        summary[name] = {"tpot_ms": 1e3 * tpot, "ms_per_step": 1e3 * tpot * tokens / steps,
+                         "tau": (tokens - 1) / steps}
+    return summary
+
+
+def main():
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--target-json")
+    parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/dpace/smollm2-embedded"))
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--draft-layers", type=int, default=1)
+    parser.add_argument("--features", type=int, default=3, help="target layers feeding the drafter")
+    parser.add_argument("--dtype", default="float32", choices=["float32", "bfloat16"])
+    parser.add_argument("--threads", type=int, default=None)
+    parser.add_argument("--context", type=int, default=160, help="cached tokens for the per-step costs")
+    parser.add_argument("--repeats", type=int, default=20)
+    parser.add_argument("--max-new-tokens", type=int, default=96)
+    parser.add_argument("--e2e-repeats", type=int, default=3, help="0 skips the end-to-end runs")
+    parser.add_argument("--layout", default="both", choices=["both", "row-major", "optimize_for_cpu"])
+    args = parser.parse_args()
+    if args.threads:
+        torch.set_num_threads(args.threads)
+
+    target, drafter, tokenizer = load_models(args)
+    prompt_ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": PROMPT}])
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+          f"dtype {args.dtype}, B={args.block_size}, drafter {args.draft_layers} layer(s), "
+          f"prompt {len(prompt_ids)} tokens")
+    print(f"load average before: {os.getloadavg()}")
+    layouts = ["row-major", "optimize_for_cpu"] if args.layout == "both" else [args.layout]
+    if args.dtype != "float32":
+        layouts = ["row-major"]  # optimize_for_cpu only re-lays out float32 weights
+    for layout in layouts:
+        if layout == "optimize_for_cpu":
+            optimize_for_cpu(target, drafter)
+        print(f"[{layout} weights]")
+        costs = step_costs(target, drafter, prompt_ids, args.context, args.repeats)
+        for name, (median, minimum) in costs.items():
+            print(f"  {name:7s} step: {median:7.1f} ms (min {minimum:6.1f})  [context {args.context}]")
+        spec = costs["verify"][0] + costs["draft"][0]
+        print(f"  verify / AR = {costs['verify'][0] / costs['ar'][0]:.2f}; "
+              f"(verify + draft) / AR = {spec / costs['ar'][0]:.2f}; predicted SR/tau = {costs['ar'][0] / spec:.2f}")
+        if args.e2e_repeats:
+            e2e = end_to_end(target, drafter, prompt_ids, args.max_new_tokens, args.e2e_repeats)
+            for name, row in e2e.items():
+                print(f"  {name:12s} TPOT {row['tpot_ms']:6.1f} ms, {row['ms_per_step']:6.1f} ms/step, "
+                      f"tau {row['tau']:.2f}")
+            for who in ("ours", "dflash"):
+                speedup = e2e[f"{who} AR"]["tpot_ms"] / e2e[f"{who} spec"]["tpot_ms"]
+                print(f"  {who:6s}: SR {speedup:.2f} at tau {e2e[f'{who} spec']['tau']:.2f} -> SR/tau = "
+                      f"{speedup / e2e[f'{who} spec']['tau']:.2f}")
+    print(f"load average after: {os.getloadavg()}")
+
+
+if __name__ == "__main__":
+    main()

@@ -1,0 +1,474 @@
+"""Speculative decoding with a DFlash block drafter, the autoregressive baseline, and per-block records.
+
+``speculative_generate`` follows ``dflash.model.dflash_generate`` (DFlash 0.1.0) step for step: the
+same caches, positions, stop rule and length cap, so at temperature 0 it emits exactly the same
+tokens and acceptance lengths. On top of it, it
+
+* offers two verification rules at T > 0 (``"hard-match"``, what the paper evaluates, and
+  ``"rejection"``, the speculative sampling of dflash 0.1.0),
+* records, per verification block, the draft's probability ``q_i`` of the token the target chose at
+  each draft position (D-PACE's surrogate ``sum_k prod_{i<=k} q_i`` is computed from them),
+* draws every random number from one ``torch.Generator`` so runs are reproducible,
+* times prefill and decoding the way DFlash's benchmark does (``time_per_output_token_s`` is the
+  decode time divided by all output tokens, the prefill's first token included).
+
+Verification rules (both lossless; identical at T = 0, where every choice is an argmax):
+
+``hard-match``
+    draft tokens are the draft's argmax; at each block position the target picks its own token
+    (argmax at T = 0, a sample from ``softmax(logits / T)`` at T > 0); draft tokens are accepted
+    while they equal the target's picks, and the target's pick at the first mismatch is the bonus.
+    Every emitted token is the target's own pick given a prefix of target picks, so the output is
+    distributed exactly as sampling from the target.
+``rejection``
+    draft tokens are sampled from ``softmax(draft_logits / T)``; token ``x`` is accepted with
+    probability ``min(1, p(x) / q(x))``; on rejection the bonus is sampled from ``max(p - q, 0)``
+    renormalised; after a fully accepted block it is sampled from the target's last position.
+
+The recorded ``q_i`` is the draft's confidence in the sense of the paper: the probability under the
+draft's plain softmax (temperature 1, what D-PACE trains) of the token chosen by the target's
+decoding policy at draft position ``i``: the target's argmax at T = 0, its sampled token at T > 0
+with hard-match. Rejection sampling has no per-position target pick, so at T > 0 it records the
+draft probability of an extra, independent sample from the target's ``softmax(logits / T)`` at each
+position (drawn after the verification draws, from the same generator): the statistic hard-match
+would have recorded on the same block. Positions after the first mismatch are recorded too (the
+target's pick there is conditioned on the draft's rejected prefix); ``surrogate`` discounts them
+through the product anyway.
+"""
+
+from __future__ import annotations
+
+import math
+import statistics
+import time
+from dataclasses import dataclass, field
+
+import torch
+from torch.nn import functional as F
+from transformers import DynamicCache
+
+VERIFICATIONS = ("hard-match", "rejection")
+
+
+# ---------------------------------------------------------------------------
+# Results
+# ---------------------------------------------------------------------------
+
+
+def surrogate(q: list[float]) -> float:
+    """D-PACE's per-block surrogate ``sum_k prod_{i<=k} q_i`` (Eq. S of the paper)."""
+    total, prefix = 0.0, 1.0
+    for value in q:
+        prefix *= value
+        total += prefix
+    return total
+
+
+@dataclass
+class BlockRecord:
+    """One verification step of speculative decoding.
+
+    ``accepted``: draft tokens that matched/passed verification; ``emitted``: tokens this step
+    added to the output (accepted + bonus, cut at a stop token or at ``max_new_tokens``);
+    ``q``: the draft's probability of the target's chosen token at each draft position.
+    """
+
+    accepted: int
+    emitted: int
+    q: list[float]
+
+    @property
+    def sum_q(self) -> float:
+        return float(sum(self.q))
+
+    @property
+    def surrogate(self) -> float:
+        return surrogate(self.q)
+
+
+@dataclass
+class DecodeResult:
+    new_token_ids: list[int]
+    acceptance_lengths: list[int]
+    blocks: list[BlockRecord] = field(default_factory=list)
+    num_input_tokens: int = 0
+    num_output_tokens: int = 0
+    time_to_first_token_s: float = 0.0
+    decode_time_s: float = 0.0
+    time_per_output_token_s: float = 0.0
+    stopped: bool = False
+
+    @property
+    def tau(self) -> float:
+        """Mean emitted length per verification step (bonus included); NaN with no step."""
+        return statistics.fmean(self.acceptance_lengths) if self.acceptance_lengths else math.nan
+
+
+# ---------------------------------------------------------------------------
+# Helpers
+# ---------------------------------------------------------------------------
+
+
+def _now(device) -> float:
+    """Wall clock after the device has finished its queued work (CUDA runs asynchronously)."""
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()
+
+
+def _make_cache(config) -> DynamicCache:
+    cache = DynamicCache(config=config)
+    cache.activate_past_recording()  # lets sliding-window layers be rolled back, as dflash does
+    return cache
+
+
+def _crop_to(cache, length: int) -> None:
+    remove = cache.get_seq_length() - length
+    if remove > 0:
+        cache.crop(-remove)
+
+
+def _output_head(target):
+    head = getattr(target, "lm_head", None)
+    return head if head is not None else target.get_output_embeddings()
+
+
+def _draft_value(config, name, default=None):
+    return (getattr(config, "dflash_config", None) or {}).get(name, getattr(config, name, default))
+
+
+def _context_features(hidden_states, layer_ids, length: int | None = None) -> torch.Tensor:
+    """The drafter's conditioning: chosen target layers' outputs, concatenated (dflash's rule).
+
+    Slicing before the concatenation gives a fresh tensor with plain strides: a 3-D slice keeps its
+    parent's batch stride, and CPU bf16 matmuls on such inputs take a ~25x slower oneDNN path.
+    """
+    return torch.cat([hidden_states[i + 1][:, :length] for i in layer_ids], dim=-1)
+
+
+def _probs(logits: torch.Tensor, temperature: float) -> torch.Tensor:
+    return torch.softmax(logits.float() / temperature, dim=-1)
+
+
+def _sample(probs: torch.Tensor, generator) -> torch.Tensor:
+    flat = probs.reshape(-1, probs.shape[-1])
+    return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
+    """The target's token at each position: argmax at T = 0, a sample from softmax(logits/T) above."""
+    if temperature <= 0:
+        return torch.argmax(logits, dim=-1)
+    return _sample(_probs(logits, temperature), generator)
+
+
+def _rejection_sample(draft_tokens, target_probs, draft_probs, generator) -> tuple[int, torch.Tensor]:
+    """Speculative sampling for one block, as ``dflash.model._rejection_sample`` (no top-k)."""
+    gamma = draft_tokens.shape[1]
+    p = target_probs[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
+    q = draft_probs.gather(-1, draft_tokens[..., None])[..., 0]
+    u = torch.rand(q.shape, generator=generator, device=q.device, dtype=q.dtype)
+    accepted = int((u * q < p).to(torch.int32).cumprod(-1).sum(-1)[0].item())
+    if accepted == gamma:
+        return accepted, _sample(target_probs[:, -1], generator)[0]
+    residual = (target_probs[0, accepted] - draft_probs[0, accepted]).clamp_min(0)
+    total = residual.sum()
+    if total > 0:
+        residual = residual / total
+    else:  # p <= q everywhere can only happen through rounding: fall back to p
+        residual = target_probs[0, accepted]
+    return accepted, _sample(residual[None], generator)[0]
+
+
+def _hard_match(draft_tokens: torch.Tensor, picks: torch.Tensor) -> int:
+    """Accepted draft tokens: the longest prefix equal to the target's picks at the same positions."""
+    return int((draft_tokens == picks[:, : draft_tokens.shape[1]]).cumprod(dim=1).sum(dim=1)[0].item())
+
+
+def _check_args(max_new_tokens: int, temperature: float, verification: str) -> None:
+    if max_new_tokens < 1:
+        raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
+    if temperature < 0:
+        raise ValueError(f"temperature must be >= 0, got {temperature}")
+    if verification not in VERIFICATIONS:
+        raise ValueError(f"verification must be one of {VERIFICATIONS}, got {verification!r}")
+
+
+def _as_batch(input_ids, device) -> torch.Tensor:
+    ids = torch.as_tensor(input_ids, dtype=torch.long, device=device)
+    if ids.dim() == 1:
+        ids = ids[None]
+    if ids.dim() != 2 or ids.shape[0] != 1:
+        raise ValueError(f"input_ids must be one sequence (shape [n] or [1, n]), got {tuple(ids.shape)}")
+    if ids.shape[1] == 0:
+        raise ValueError("input_ids is empty")
+    return ids
+
+
+def _cut_at_stop(tokens: list[int], stops: set[int]) -> int | None:
+    for index, token in enumerate(tokens):
+        if token in stops:
+            return index
+    return None
+
+
+def optimize_for_cpu(*models) -> None:
+    """Store every float32 CPU ``nn.Linear`` weight column-major (its transpose contiguous), in place.
+
+    ``F.linear(x, W)`` multiplies by ``W.T``; with ``W`` row-major, MKL runs a transposed-B SGEMM
+    that is slow for a few rows. With ``W.T`` contiguous the same call takes MKL's plain path:
+    measured on one thread of this project's Xeon, SmolLM2's 211 matmuls take 77 instead of 89 ms
+    for one row and 145 instead of 195 ms for 8 rows; the drafter's 7-row LM head 25 instead of
+    45 ms (on two idle threads the two layouts tie). bf16 weights are left alone: oneDNN's
+    one-row bf16 path is slower column-major. Values, parameter names and tied weights are
+    unchanged (only strides differ); results may differ from the row-major layout in the last
+    bits. Apply it to the target and the drafter before timing, so the autoregressive baseline
+    gets the same layout. A no-op off the CPU.
+    """
+    for model in models:
+        for module in model.modules():
+            if isinstance(module, torch.nn.Linear) and module.weight.device.type == "cpu":
+                weight = module.weight.data
+                if weight.dtype == torch.float32 and weight.dim() == 2 and weight.is_contiguous():
+                    module.weight.data = weight.t().contiguous().t()
+
+
+# ---------------------------------------------------------------------------
+# Decoding
+# ---------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def speculative_generate(
+    drafter,
+    target,
+    input_ids,
+    *,
+    max_new_tokens: int,
+    stop_token_ids,
+    temperature: float = 0.0,
+    verification: str = "hard-match",
+    generator: torch.Generator | None = None,
+    block_size: int | None = None,
+) -> DecodeResult:
+    """DFlash speculative decoding of one prompt with a ``dflash.model.DFlashDraftModel``.
+
+    ``block_size`` defaults to the drafter's; ``block_size=1`` degenerates to target-only decoding.
+    ``generator`` (on the target's device) drives every random draw; ``None`` uses torch's global RNG.
+    """
+    _check_args(max_new_tokens, temperature, verification)
+    device = target.device
+    block_size = int(drafter.block_size if block_size is None else block_size)
+    if block_size < 1:
+        raise ValueError(f"block_size must be >= 1, got {block_size}")
+    input_ids = _as_batch(input_ids, device)
+    sampling_draft = verification == "rejection" and temperature > 0
+    stops = {int(t) for t in (stop_token_ids or ())}
+    layer_ids = list(drafter.target_layer_ids)
+    head = _output_head(target)
+    embed_weight = target.get_input_embeddings().weight
+    embed_scale = float(_draft_value(drafter.config, "input_embedding_scale", 1.0))
+
+    num_input = input_ids.shape[1]
+    max_length = num_input + max_new_tokens
+    output_ids = torch.full((1, max_length + 1), int(drafter.mask_token_id), dtype=torch.long, device=device)
+    position_ids = torch.arange(max_length + 1, device=device)[None]
+    target_cache = _make_cache(target.config)
+    draft_cache = _make_cache(drafter.config)
+
+    prefill_start = _now(device)
+    output = target(
+        input_ids,
+        position_ids=position_ids[:, :num_input],
+        past_key_values=target_cache,
+        use_cache=True,
+        logits_to_keep=1,
+        output_hidden_states=block_size > 1,
+    )
+    output_ids[:, :num_input] = input_ids
+    first = _pick(output.logits[:, -1], temperature, generator)
+    output_ids[:, num_input] = first
+    if block_size > 1:
+        target_hidden = _context_features(output.hidden_states, layer_ids)
+    del output
+    first_token = int(first[0].item())
+    time_to_first_token = _now(device) - prefill_start
+
+    decode_start = _now(device)
+    acceptance_lengths: list[int] = []
+    blocks: list[BlockRecord] = []
+    start = num_input
+    stopped = first_token in stops
+    while start + 1 < max_length and not stopped:
+        verify_size = min(block_size, max_length - start)
+        block = output_ids[:, start : start + verify_size].clone()
+        if verify_size > 1:
+            noise_embedding = F.embedding(block, embed_weight) * embed_scale
+            # 2-D rows for the LM head: a 3-D slice keeps its parent's batch stride (see above)
+            draft_hidden = drafter(
+                target_hidden=target_hidden,
+                noise_embedding=noise_embedding,
+                position_ids=position_ids[:, start - target_hidden.shape[1] : start + verify_size],
+                past_key_values=draft_cache,
+                use_cache=True,
+            )[0, 1 - verify_size :, :]
+            _crop_to(draft_cache, start)  # keep the context, drop the block's noise positions
+            draft_logits = drafter.compute_logits(draft_hidden, head)[None]
+            if sampling_draft:
+                draft_probs = _probs(draft_logits, temperature)
+                block[:, 1:] = _sample(draft_probs, generator)
+            else:
+                block[:, 1:] = torch.argmax(draft_logits, dim=-1)
+
+        output = target(
+            block,
+            position_ids=position_ids[:, start : start + verify_size],
+            past_key_values=target_cache,
+            use_cache=True,
+            output_hidden_states=verify_size > 1,
+        )
+        logits = output.logits
+        if sampling_draft:
+            target_probs = _probs(logits, temperature)
+            if verify_size > 1:
+                accepted, bonus = _rejection_sample(block[:, 1:], target_probs, draft_probs, generator)
+                chosen = _sample(target_probs, generator)  # only for the q records (see module doc)
+            else:
+                accepted, bonus = 0, _sample(target_probs[:, -1], generator)[0]
+        else:
+            chosen = _pick(logits, temperature, generator)
+            accepted = _hard_match(block[:, 1:], chosen)
+            bonus = chosen[0, accepted]
+
+        output_ids[:, start : start + accepted + 1] = block[:, : accepted + 1]
+        output_ids[:, start + accepted + 1] = bonus
+        produced = min(accepted + 1, max_length - start - 1)
+        if stops:
+            cut = _cut_at_stop(output_ids[0, start + 1 : start + produced + 1].tolist(), stops)
+            if cut is not None:
+                produced, stopped = cut + 1, True
+        if verify_size > 1:
+            q = torch.softmax(draft_logits[0].float(), dim=-1).gather(-1, chosen[0, :-1, None])[:, 0]
+            blocks.append(BlockRecord(accepted=accepted, emitted=produced, q=q.tolist()))
+            target_hidden = _context_features(output.hidden_states, layer_ids, produced)
+        del output, logits
+        start += produced
+        _crop_to(target_cache, start)
+        acceptance_lengths.append(produced)
+
+    end = min(start + 1, max_length)
+    new_tokens = output_ids[0, num_input:end].tolist()
+    decode_time = _now(device) - decode_start
+    return DecodeResult(
+        new_token_ids=new_tokens,
+        acceptance_lengths=acceptance_lengths,
+        blocks=blocks,
+        num_input_tokens=num_input,
+        num_output_tokens=len(new_tokens),
+        time_to_first_token_s=time_to_first_token,
+        decode_time_s=decode_time,
+        time_per_output_token_s=decode_time / len(new_tokens),
+        stopped=stopped,
+    )
+
+
+@torch.inference_mode()
+def autoregressive_generate(
+    target,
+    input_ids,
+    *,
+    max_new_tokens: int,
+    stop_token_ids,
+    temperature: float = 0.0,
+    generator: torch.Generator | None = None,
+) -> DecodeResult:
+    """The baseline: one target forward per token, timed exactly like ``speculative_generate``.
+
+    Every step emits one token, so ``acceptance_lengths`` is all ones and there are no blocks.
+    """
+    _check_args(max_new_tokens, temperature, "hard-match")
+    device = target.device
+    input_ids = _as_batch(input_ids, device)
+    stops = {int(t) for t in (stop_token_ids or ())}
+    num_input = input_ids.shape[1]
+    cache = _make_cache(target.config)
+
+    prefill_start = _now(device)
+    output = target(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
+    token = _pick(output.logits[:, -1], temperature, generator)
+    del output
+    tokens = [int(token[0].item())]
+    time_to_first_token = _now(device) - prefill_start
+
+    decode_start = _now(device)
+    position = num_input
+    stopped = tokens[0] in stops
+    while len(tokens) < max_new_tokens and not stopped:
+        output = target(
+            token[:, None],
+            position_ids=torch.tensor([[position]], device=device),
+            past_key_values=cache,
+            use_cache=True,
+        )
+        token = _pick(output.logits[:, -1], temperature, generator)
+        del output
+        tokens.append(int(token[0].item()))
+        position += 1
+        stopped = tokens[-1] in stops
+    decode_time = _now(device) - decode_start
+    return DecodeResult(
+        new_token_ids=tokens,
+        acceptance_lengths=[1] * (len(tokens) - 1),
+        num_input_tokens=num_input,
+        num_output_tokens=len(tokens),
+        time_to_first_token_s=time_to_first_token,
+        decode_time_s=decode_time,
+        time_per_output_token_s=decode_time / len(tokens),
+        stopped=stopped,
+    )
+
+
+# ---------------------------------------------------------------------------
+# Lossless check
+# ---------------------------------------------------------------------------
+
+
+@torch.inference_mode()
+def compare_to_greedy(spec_ids, greedy_ids, target, prompt_ids) -> dict:
+    """Compare a speculative output with the target's greedy output token for token.
+
+    Returns ``mismatches`` (positions where the two differ, plus any length difference),
+    ``compared`` (the common length) and, for the first mismatch, its ``first_mismatch``
+    position with the target's ``top2_margin`` there (top-1 minus top-2 logit, computed by one
+    forward over the prompt and the shared prefix). A margin near 0 is a numerical near-tie, where
+    batched and one-token forwards may legitimately disagree; a large margin means a bug.
+    """
+    spec_ids, greedy_ids = [int(t) for t in spec_ids], [int(t) for t in greedy_ids]
+    common = min(len(spec_ids), len(greedy_ids))
+    differing = [i for i in range(common) if spec_ids[i] != greedy_ids[i]]
+    result = {
+        "mismatches": len(differing) + abs(len(spec_ids) - len(greedy_ids)),
+        "compared": common,
+        "first_mismatch": None,
+        "top2_margin": None,
+        "spec_token": None,
+        "greedy_token": None,
+    }
+    if differing:
+        first = differing[0]
+    elif len(spec_ids) != len(greedy_ids):
+        first = common  # one output stopped earlier than the other
+    else:
+        return result
+    prompt = _as_batch(prompt_ids, target.device)
+    prefix = torch.tensor([greedy_ids[:first]], dtype=torch.long, device=target.device)
+    logits = target(torch.cat([prompt, prefix], dim=1), logits_to_keep=1).logits[0, -1].float()
+    top2 = torch.topk(logits, 2).values
+    result.update(
+        first_mismatch=first,
+        top2_margin=float(top2[0] - top2[1]),
+        spec_token=spec_ids[first] if first < len(spec_ids) else None,
+        greedy_token=greedy_ids[first] if first < len(greedy_ids) else None,
+    )
+    return result

@@ -1,0 +1,274 @@
+"""Emitted length tau and wall-clock speedup SR of a drafter on benchmark prompts, as DFlash measures them.
+
+For every benchmark, temperature and prompt, the target decodes autoregressively and then
+speculatively in the same process (after one short warm-up). Every turn of a prompt is one request:
+
+* SR  = mean autoregressive time per output token / mean speculative time per output token,
+* tau = mean over requests of the request's mean emitted length per step (bonus included),
+* acceptance histogram = fraction of all verification steps that emitted 0, 1, ..., B tokens.
+
+MT-Bench style rows have several turns: each turn is appended after the model's own (speculative)
+answer to the previous one, as DFlash's benchmark does. At T = 0 the speculative output is compared
+token for token with the greedy one. Generated text (HumanEval/MBPP code included) is only ever
+decoded to text for the next turn's prompt, never executed.
+
+The job is resumable: one record per finished prompt is appended to ``records_path`` and prompts
+already recorded are skipped on a rerun; the summary (JSON) and per-block table (CSV) are written
+atomically from all records at the end.
+"""
+
+from __future__ import annotations
+
+import csv
+import io
+import statistics
+import zlib
+from collections.abc import Iterable
+from pathlib import Path
+
+import torch
+from tqdm import tqdm
+
+from dpace.decoding import (
+    autoregressive_generate,
+    compare_to_greedy,
+    speculative_generate,
+    surrogate,
+)
+from dpace.drafter import check_drafter_matches_target, load_drafter
+from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, read_jsonl, read_partial_jsonl
+from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+
+BLOCK_COLUMNS = ["benchmark", "temperature", "prompt_index", "block_index", "tau_block", "sum_q", "surrogate", "turn"]
+WARMUP_TOKENS = 16
+
+
+def load_benchmark(path: str | Path, name: str) -> list[dict]:
+    """Rows ``{"id", "benchmark", "turns"}`` of a benchmark jsonl, checked."""
+    rows = list(read_jsonl(path))
+    for line, row in enumerate(rows, start=1):
+        turns = row.get("turns")
+        if "id" not in row or not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"{path}: row {line} needs an 'id' and a non-empty list of string 'turns'")
+    ids = [str(row["id"]) for row in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate ids in benchmark {name!r}")
+    return rows
+
+
+def _record_key(benchmark: str, temperature: float, verification: str, prompt_id) -> tuple:
+    return (benchmark, float(temperature), verification, str(prompt_id))
+
+
+def _seed_for(seed: int, *parts) -> int:
+    """A per-request seed, the same whether a run is fresh or resumed."""
+    return zlib.crc32(repr((seed, *parts)).encode()) & 0x7FFFFFFF
+
+
+def _generator(device: str, seed: int) -> torch.Generator:
+    return torch.Generator(device=device).manual_seed(seed)
+
+
+def _timing(result) -> dict:
+    return {
+        "num_input_tokens": result.num_input_tokens,
+        "num_output_tokens": result.num_output_tokens,
+        "time_to_first_token_s": result.time_to_first_token_s,
+        "decode_time_s": result.decode_time_s,
+        "time_per_output_token_s": result.time_per_output_token_s,
+    }
+
+
+def _evaluate_prompt(
+    row, prompt_index, benchmark, temperature, verification, *, target, drafter, tokenizer, stops,
+    max_new_tokens, seed, check_greedy, device,
+) -> dict:
+    messages, turns = [], []
+    for turn_index, text in enumerate(row["turns"]):
+        messages.append({"role": "user", "content": text})
+        prompt_ids = chat_prompt_ids(tokenizer, messages)
+        request_seed = _seed_for(seed, benchmark, str(row["id"]), turn_index, float(temperature))
+        ar = autoregressive_generate(
+            target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
+            temperature=temperature, generator=_generator(device, request_seed),
+        )
+        spec = speculative_generate(
+            drafter, target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
+            temperature=temperature, verification=verification,
+            generator=_generator(device, request_seed + 1),
+        )
+        turn = {
+            "turn": turn_index,
+            "ar": _timing(ar),
+            "spec": _timing(spec),
+            "acceptance_lengths": spec.acceptance_lengths,
+            "blocks": [{"accepted": b.accepted, "emitted": b.emitted, "q": b.q} for b in spec.blocks],
+            "greedy": None,
+        }
+        if temperature == 0 and check_greedy:
+            turn["greedy"] = compare_to_greedy(spec.new_token_ids, ar.new_token_ids, target, prompt_ids)
+        turns.append(turn)
+        messages.append({"role": "assistant", "content": tokenizer.decode(spec.new_token_ids, skip_special_tokens=True)})
+    return {
+        "benchmark": benchmark,
+        "id": str(row["id"]),
+        "prompt_index": prompt_index,
+        "temperature": float(temperature),
+        "verification": verification,
+        "max_new_tokens": max_new_tokens,
+        "seed": seed,
+        "block_size": drafter.block_size,
+        "turns": turns,
+    }
+
+
+def _warm_up(target, drafter, tokenizer, stops, text, temperatures, verification, device) -> None:
+    """One short untimed run per temperature, so first-call costs stay out of the measurements."""
+    prompt_ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
+    for temperature in sorted(set(temperatures)):
+        generator = _generator(device, 0)
+        autoregressive_generate(target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
+                                temperature=temperature, generator=generator)
+        speculative_generate(drafter, target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
+                             temperature=temperature, verification=verification, generator=generator)
+
+
+def summarize(records: Iterable[dict]) -> list[dict]:
+    """One summary row per (benchmark, temperature, verification), DFlash's definitions."""
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["benchmark"], record["temperature"], record["verification"]), []).append(record)
+    rows = []
+    for (benchmark, temperature, verification), group in groups.items():
+        group.sort(key=lambda r: r["prompt_index"])
+        requests = [turn for record in group for turn in record["turns"]]
+        block_size = group[0]["block_size"]
+        ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in requests)
+        spec_tpot = statistics.fmean(t["spec"]["time_per_output_token_s"] for t in requests)
+        per_request = [statistics.fmean(t["acceptance_lengths"]) for t in requests if t["acceptance_lengths"]]
+        lengths = [n for t in requests for n in t["acceptance_lengths"]]
+        histogram = [lengths.count(b) / len(lengths) if lengths else 0.0 for b in range(block_size + 1)]
+        mismatches, diverged, first = None, None, None
+        if temperature == 0 and all(t["greedy"] is not None for t in requests):
+            mismatches, diverged = 0, 0
+            for record in group:
+                for turn in record["turns"]:
+                    mismatches += turn["greedy"]["mismatches"]
+                    if turn["greedy"]["first_mismatch"] is not None:
+                        diverged += 1
+                        if first is None:
+                            first = {"id": record["id"], "turn": turn["turn"], **turn["greedy"]}
+        rows.append({
+            "benchmark": benchmark,
+            "temperature": temperature,
+            "verification": verification,
+            "block_size": block_size,
+            "tau": statistics.fmean(per_request) if per_request else None,
+            "speedup": ar_tpot / spec_tpot,
+            "ar_tpot_s": ar_tpot,
+            "spec_tpot_s": spec_tpot,
+            "num_prompts": len(group),
+            "num_requests": len(requests),
+            "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in requests),
+            "greedy_mismatches": mismatches,  # token positions that differ, over all requests
+            "greedy_diverged_requests": diverged,
+            "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, ...}
+            "acceptance_histogram": histogram,
+        })
+    return rows
+
+
+def blocks_csv(records: Iterable[dict]) -> str:
+    """Per verification block: emitted length, sum of q and D-PACE's surrogate (paper's Fig. 1a)."""
+    out = io.StringIO()
+    writer = csv.writer(out, lineterminator="\n")
+    writer.writerow(BLOCK_COLUMNS)
+    for record in records:
+        block_index = 0
+        for turn in record["turns"]:
+            for block in turn["blocks"]:
+                writer.writerow([
+                    record["benchmark"], record["temperature"], record["prompt_index"], block_index,
+                    block["emitted"], repr(float(sum(block["q"]))), repr(surrogate(block["q"])), turn["turn"],
+                ])
+                block_index += 1
+    return out.getvalue()
+
+
+def evaluate_drafter(
+    target_json,
+    drafter_dir,
+    benchmark_files: dict[str, str | Path],
+    *,
+    temperatures,
+    verification: str,
+    max_new_tokens: int,
+    seed: int,
+    records_path,
+    summary_path,
+    blocks_path,
+    check_greedy: bool = True,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+) -> list[dict]:
+    """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
+
+    Target and drafter run in ``dtype`` ("float32" or "bfloat16"; in bf16, batched and one-token
+    forwards round differently, so greedy outputs can part at near-ties: see ``first_mismatch``).
+    """
+    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
+    temperatures = [float(t) for t in temperatures]
+    records = read_partial_jsonl(records_path)
+    done = {_record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in records}
+    for record in records:
+        if record["max_new_tokens"] != max_new_tokens or record["seed"] != seed:
+            raise ValueError(
+                f"{records_path} holds records made with max_new_tokens={record['max_new_tokens']}, "
+                f"seed={record['seed']}; this run asks for {max_new_tokens}, {seed}: use a new records file"
+            )
+    todo = {
+        (name, temperature): [
+            (index, row) for index, row in enumerate(rows)
+            if _record_key(name, temperature, verification, row["id"]) not in done
+        ]
+        for name, rows in benchmarks.items()
+        for temperature in temperatures
+    }
+
+    if any(todo.values()):
+        target, tokenizer = load_target(target_json, device=device, dtype=dtype)
+        drafter = load_drafter(drafter_dir, dtype=dtype).to(device)
+        check_drafter_matches_target(drafter.config, target.config)
+        stops = stop_token_ids(tokenizer)
+        first_row = next(row for pending in todo.values() for _, row in pending)
+        _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device)
+        with JsonlAppender(records_path) as appender:
+            for (name, temperature), pending in todo.items():
+                total = len(benchmarks[name])
+                bar = tqdm(pending, total=total, initial=total - len(pending), desc=f"{name} T={temperature:g}",
+                           unit="prompt")
+                for index, row in bar:
+                    record = _evaluate_prompt(
+                        row, index, name, temperature, verification, target=target, drafter=drafter,
+                        tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
+                        check_greedy=check_greedy, device=device,
+                    )
+                    appender.write(record)
+                    records.append(record)
+                bar.close()
+
+    wanted = {_record_key(name, t, verification, row["id"]) for name, rows in benchmarks.items()
+              for t in temperatures for row in rows}
+    selected = {}
+    for r in records:  # first record per prompt wins; other runs' records in the file are left out
+        key = _record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])
+        if key in wanted:
+            selected.setdefault(key, r)
+    selected = list(selected.values())
+    order = {name: i for i, name in enumerate(benchmarks)}
+    selected.sort(key=lambda r: (order[r["benchmark"]], temperatures.index(r["temperature"]), r["prompt_index"]))
+    summary = summarize(selected)
+    atomic_write_json(summary_path, summary)
+    atomic_write_text(blocks_path, blocks_csv(selected))
+    return summary

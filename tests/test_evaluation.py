@@ -1,0 +1,207 @@
+"""evaluate_drafter on a tiny random target with SmolLM2's tokenizer: summary fields, lossless greedy
+check, multi-turn prompts, and resuming from a (torn) records file without redoing finished prompts."""
+
+from __future__ import annotations
+
+import csv
+import json
+
+import pytest
+import torch
+from transformers import AutoConfig
+
+import dpace.evaluation as evaluation
+from dpace.drafter import drafter_config, save_drafter
+from dpace.evaluation import BLOCK_COLUMNS, evaluate_drafter, load_benchmark
+from dpace.io import atomic_write_jsonl
+from dpace.targets import prepare_target
+
+TEMPERATURES = [0.0, 1.0]
+MAX_NEW = 8
+
+
+@pytest.fixture(scope="module", autouse=True)
+def one_thread():
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)
+
+
+@pytest.fixture(scope="module")
+def setup(tmp_path_factory):
+    from dflash.model import DFlashDraftModel
+
+    root = tmp_path_factory.mktemp("eval")
+    target_json = prepare_target(
+        {"source": "random", "hidden_size": 64, "intermediate_size": 128, "num_layers": 4, "logit_scale": 30.0},
+        root / "target",
+    )
+    config = drafter_config(
+        AutoConfig.from_pretrained(root / "target" / "model"), depth=1, block_size=4,
+        target_layer_ids=[1, 2], mask_token_id=0,
+    )
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    save_drafter(DFlashDraftModel(config), root / "drafter")
+    files = {"gsm8k": root / "gsm8k.jsonl", "mt-bench": root / "mt.jsonl"}
+    atomic_write_jsonl(files["gsm8k"], [
+        {"id": "g0", "benchmark": "gsm8k", "turns": ["What is 2 + 3?"]},
+        {"id": "g1", "benchmark": "gsm8k", "turns": ["A train leaves at noon. When does it arrive?"]},
+    ])
+    atomic_write_jsonl(files["mt-bench"], [
+        {"id": "m0", "benchmark": "mt-bench", "turns": ["Write a haiku.", "Now explain it."]},
+        {"id": "m1", "benchmark": "mt-bench", "turns": ["Name a color.", "Why that one?"]},
+    ])
+    return root, target_json, root / "drafter", files
+
+
+def run(setup, out):
+    root, target_json, drafter_dir, files = setup
+    return evaluate_drafter(
+        target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
+        max_new_tokens=MAX_NEW, seed=7, records_path=out / "records.jsonl",
+        summary_path=out / "summary.json", blocks_path=out / "blocks.csv",
+    )
+
+
+def count_calls(monkeypatch, name):
+    calls = []
+    original = getattr(evaluation, name)
+
+    def wrapper(*args, **kwargs):
+        calls.append(kwargs.get("temperature"))
+        return original(*args, **kwargs)
+
+    monkeypatch.setattr(evaluation, name, wrapper)
+    return calls
+
+
+@pytest.fixture(scope="module")
+def first_run(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("run")
+    with pytest.MonkeyPatch.context() as patch:
+        prompts = []
+        original = evaluation.chat_prompt_ids
+        patch.setattr(evaluation, "chat_prompt_ids", lambda tok, messages: prompts.append(list(messages)) or original(tok, messages))
+        summary = run(setup, out)
+    return out, summary, prompts
+
+
+def test_summary_fields(first_run):
+    out, summary, _ = first_run
+    assert json.loads((out / "summary.json").read_text()) == summary
+    assert [(r["benchmark"], r["temperature"]) for r in summary] == [
+        ("gsm8k", 0.0), ("gsm8k", 1.0), ("mt-bench", 0.0), ("mt-bench", 1.0)
+    ]
+    for row in summary:
+        assert row["verification"] == "hard-match" and row["block_size"] == 4
+        assert row["num_prompts"] == 2
+        assert row["num_requests"] == (4 if row["benchmark"] == "mt-bench" else 2)
+        assert 1.0 <= row["tau"] <= 4.0
+        assert row["speedup"] > 0 and row["ar_tpot_s"] > 0 and row["spec_tpot_s"] > 0
+        assert row["speedup"] == pytest.approx(row["ar_tpot_s"] / row["spec_tpot_s"])
+        assert 0 < row["num_output_tokens"] <= MAX_NEW * row["num_requests"]
+        assert len(row["acceptance_histogram"]) == 5 and sum(row["acceptance_histogram"]) == pytest.approx(1.0)
+        assert row["acceptance_histogram"][0] == 0
+        if row["temperature"] == 0:
+            assert row["greedy_mismatches"] == 0 and row["first_mismatch"] is None
+            assert row["greedy_diverged_requests"] == 0
+        else:
+            assert row["greedy_mismatches"] is None
+
+
+def test_blocks_table(first_run):
+    out, _, _ = first_run
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    with (out / "blocks.csv").open() as handle:
+        rows = list(csv.DictReader(handle))
+    assert list(rows[0]) == BLOCK_COLUMNS
+    assert len(rows) == sum(len(t["blocks"]) for r in records for t in r["turns"])
+    for row in rows:
+        assert 1 <= int(row["tau_block"]) <= 4
+        assert 0 <= float(row["surrogate"]) <= float(row["sum_q"]) + 1e-12 <= 3 + 1e-9
+    m0 = [r for r in rows if r["benchmark"] == "mt-bench" and r["prompt_index"] == "0" and r["temperature"] == "0.0"]
+    assert [int(r["block_index"]) for r in m0] == list(range(len(m0)))  # numbered across both turns
+    assert {r["turn"] for r in m0} == {"0", "1"}
+
+
+def test_second_turn_follows_the_models_answer(first_run):
+    _, _, prompts = first_run
+    second_turns = [m for m in prompts if len(m) == 3]
+    assert second_turns, "MT-Bench second turns were not built"
+    for messages in second_turns:
+        assert [m["role"] for m in messages] == ["user", "assistant", "user"]
+        assert messages[0]["content"] in ("Write a haiku.", "Name a color.")
+
+
+def test_resume_skips_finished_prompts(setup, first_run, tmp_path, monkeypatch):
+    out, summary, _ = first_run
+    lines = (out / "records.jsonl").read_text().splitlines(keepends=True)
+    assert len(lines) == 8  # 2 benchmarks x 2 prompts x 2 temperatures
+    kept = lines[:3]
+    (tmp_path / "records.jsonl").write_text("".join(kept) + lines[3][:40])  # a killed writer's torn line
+    remaining = sum(len(json.loads(line)["turns"]) for line in lines[3:])
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    ar_calls = count_calls(monkeypatch, "autoregressive_generate")
+    resumed = run(setup, tmp_path)
+    warmups = len(TEMPERATURES)
+    assert len(spec_calls) == remaining + warmups and len(ar_calls) == remaining + warmups
+    # per-request seeds: a resumed run reproduces the outputs of an uninterrupted one
+    for a, b in zip(summary, resumed, strict=True):
+        for key in ("benchmark", "temperature", "tau", "num_output_tokens", "acceptance_histogram",
+                    "greedy_mismatches", "num_prompts"):
+            assert a[key] == b[key], key
+    assert (tmp_path / "blocks.csv").read_text() == (out / "blocks.csv").read_text()
+
+    # everything recorded: a rerun loads no model and decodes nothing
+    (tmp_path / "summary.json").unlink()
+    spec_calls.clear()
+    monkeypatch.setattr(evaluation, "load_target", lambda *a, **k: pytest.fail("model loaded on a finished run"))
+    again = run(setup, tmp_path)
+    assert spec_calls == [] and [r["tau"] for r in again] == [r["tau"] for r in resumed]
+
+
+def test_stale_records_are_refused(setup, first_run, tmp_path):
+    out, _, _ = first_run
+    (tmp_path / "records.jsonl").write_text((out / "records.jsonl").read_text())
+    root, target_json, drafter_dir, files = setup
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        evaluate_drafter(
+            target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
+            max_new_tokens=MAX_NEW + 1, seed=7, records_path=tmp_path / "records.jsonl",
+            summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv",
+        )
+
+
+def test_malformed_benchmark_rows_are_rejected(tmp_path):
+    path = tmp_path / "bad.jsonl"
+    path.write_text(json.dumps({"id": "x", "benchmark": "b", "turns": []}) + "\n")
+    with pytest.raises(ValueError, match="turns"):
+        load_benchmark(path, "b")
+
+
+def test_summarize_definitions_and_first_mismatch():
+    """SR from mean TPOTs, tau as a mean of per-request means, and the first greedy mismatch."""
+    from dpace.evaluation import summarize
+
+    def turn(i, ar, spec, lengths, greedy):
+        timing = lambda tpot: {"time_per_output_token_s": tpot, "num_output_tokens": sum(lengths) + 1}  # noqa: E731
+        return {"turn": i, "ar": timing(ar), "spec": timing(spec), "acceptance_lengths": lengths, "blocks": [],
+                "greedy": greedy}
+
+    ok = {"mismatches": 0, "first_mismatch": None, "top2_margin": None}
+    bad = {"mismatches": 3, "first_mismatch": 5, "top2_margin": 0.01}
+    records = [
+        {"benchmark": "b", "id": "0", "prompt_index": 0, "temperature": 0.0, "verification": "hard-match",
+         "block_size": 4, "turns": [turn(0, 0.3, 0.1, [4, 4], ok)]},
+        {"benchmark": "b", "id": "1", "prompt_index": 1, "temperature": 0.0, "verification": "hard-match",
+         "block_size": 4, "turns": [turn(0, 0.1, 0.1, [1, 2, 3], ok), turn(1, 0.2, 0.2, [2], bad)]},
+    ]
+    (row,) = summarize(records)
+    assert row["speedup"] == pytest.approx((0.6 / 3) / (0.4 / 3))
+    assert row["tau"] == pytest.approx((4 + 2 + 2) / 3)
+    assert row["acceptance_histogram"] == pytest.approx([0, 1 / 6, 2 / 6, 1 / 6, 2 / 6])
+    assert row["greedy_mismatches"] == 3 and row["greedy_diverged_requests"] == 1
+    assert row["first_mismatch"]["id"] == "1" and row["first_mismatch"]["turn"] == 1
+    assert row["first_mismatch"]["first_mismatch"] == 5 and row["num_requests"] == 3
