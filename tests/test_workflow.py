@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import os
 import re
 import subprocess
 import sys
@@ -33,12 +34,17 @@ def write_config(path: Path, name: str = "smoke.yaml", **overrides) -> Path:
     return out
 
 
+SECRET = "hf_dpace_canary_do_not_log"
+
+
 def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     command = [
         sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
         "--configfile", str(configfile), "--replace-workflow-config", "--cores", "2", *args,
     ]
-    return subprocess.run(command, capture_output=True, text=True, timeout=timeout)
+    # A hub token in the environment, as on a real cluster: it must never reach params, logs or results.
+    env = {**os.environ, "HF_TOKEN": SECRET}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 
 def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
@@ -192,3 +198,14 @@ def test_same_config_gives_identical_metrics(smoke_run, tmp_path):
                       for run in (drafter, other)]
             assert losses[0] == losses[1], drafter.name
     assert "dpace-alpha0.3" in result.stdout
+
+
+def test_no_secret_in_params_logs_or_results(smoke_run):
+    """Snakemake keeps params in clear text under .snakemake/metadata: nothing secret may get there."""
+    workdir, _ = smoke_run
+    leaked = []
+    for folder in (workdir / "results", workdir / ".snakemake"):
+        for path in folder.rglob("*"):
+            if path.is_file() and path.stat().st_size < 50_000_000 and SECRET.encode() in path.read_bytes():
+                leaked.append(str(path))
+    assert not leaked

@@ -1,0 +1,67 @@
+"""Drafters: built to match their target, saved by SpecForge's class, loaded by dflash's, refused when wrong."""
+
+import json
+
+import pytest
+import torch
+from transformers import LlamaConfig
+
+from dpace.drafter import (
+    build_drafter,
+    check_drafter_matches_target,
+    default_target_layer_ids,
+    drafter_config,
+    load_drafter,
+    save_drafter,
+)
+
+TARGET = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                     num_attention_heads=4, num_key_value_heads=2)
+
+
+def test_default_layers_follow_specforge():
+    from specforge.modeling.draft.dflash import build_target_layer_ids
+
+    for layers, features in [(36, 3), (32, 3), (30, 3), (6, 2), (28, 1)]:
+        assert default_target_layer_ids(layers, features) == build_target_layer_ids(layers, features)
+
+
+def test_specforge_checkpoint_loads_into_dflash_with_identical_weights(tmp_path):
+    config = drafter_config(TARGET, depth=2, block_size=4, target_layer_ids=[1, 3, 4], mask_token_id=95)
+    trained = build_drafter(config, seed=1)
+    save_drafter(trained, tmp_path / "drafter")
+    loaded = load_drafter(tmp_path / "drafter")
+    assert type(loaded).__module__ == "dflash.model"
+    assert loaded.block_size == 4 and loaded.mask_token_id == 95 and loaded.target_layer_ids == [1, 3, 4]
+    ours, theirs = trained.state_dict(), loaded.state_dict()
+    assert ours.keys() == theirs.keys()
+    for name in ours:
+        assert torch.equal(ours[name], theirs[name]), name
+
+
+def test_config_rejects_impossible_drafters():
+    with pytest.raises(ValueError, match="depth must be >= 1"):
+        drafter_config(TARGET, depth=0, block_size=4, target_layer_ids=[1], mask_token_id=0)
+    with pytest.raises(ValueError, match="block_size must be >= 2"):
+        drafter_config(TARGET, depth=1, block_size=1, target_layer_ids=[1], mask_token_id=0)
+    with pytest.raises(ValueError, match=r"target_layer_ids \[6\] are outside the target's layers 0..5"):
+        drafter_config(TARGET, depth=1, block_size=4, target_layer_ids=[1, 6], mask_token_id=0)
+
+
+def test_drafter_of_another_target_is_refused():
+    config = drafter_config(TARGET, depth=1, block_size=4, target_layer_ids=[1], mask_token_id=0)
+    wider = LlamaConfig(**{**TARGET.to_dict(), "hidden_size": 64})
+    with pytest.raises(ValueError, match="drafter hidden_size=32 does not match the target's hidden_size=64"):
+        check_drafter_matches_target(config, wider)
+    other_vocab = LlamaConfig(**{**TARGET.to_dict(), "vocab_size": 100})
+    with pytest.raises(ValueError, match="drafter vocab_size=96 does not match the target's vocab_size=100"):
+        check_drafter_matches_target(config, other_vocab)
+
+
+def test_folder_that_is_not_a_drafter_is_refused(tmp_path):
+    with pytest.raises(ValueError, match="is not a DFlash drafter checkpoint: no config.json"):
+        load_drafter(tmp_path)
+    TARGET.save_pretrained(tmp_path)  # a plain Llama config, no dflash_config
+    with pytest.raises(ValueError, match=r"dflash_config lacks \['target_layer_ids', 'block_size', 'mask_token_id'\]"):
+        load_drafter(tmp_path)
+    assert "dflash_config" not in json.loads((tmp_path / "config.json").read_text())
