@@ -146,8 +146,9 @@ def experiments(config: dict) -> dict[str, Experiment]:
     if "normalization" in spec:
         e = spec["normalization"]
         out["normalization"] = Experiment("normalization", [
-            _variant(config, main_target, "dpace", normalize=mode, where="experiments.normalization.modes")
-            for mode in e.get("modes", ["batch", "anchor", "weight", "token"])
+            _variant(config, main_target, "dflash", where="experiments.normalization"),  # the reference row
+            *(_variant(config, main_target, "dpace", normalize=mode, where="experiments.normalization.modes")
+              for mode in e.get("modes", ["batch", "anchor", "weight", "token"])),
         ])
     return out
 
