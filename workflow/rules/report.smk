@@ -65,7 +65,7 @@ rule render_figure:
         unpack(lambda wildcards: artifact_inputs(wildcards.figure)),
     output:
         pdf=f"{RESULTS}/{{figure}}.pdf",
-        png=report(f"{RESULTS}/{{figure}}.png", caption="../report/{figure}.rst", category="Figures"),
+        png=report(f"{RESULTS}/{{figure}}.png", caption="../report/figure.rst", category="Figures"),
     log:
         f"{RESULTS}/logs/report/{{figure}}.log",
     benchmark:
