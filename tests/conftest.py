@@ -31,3 +31,35 @@ def tiny_target_json(tmp_path_factory) -> Path:
     from dpace.targets import prepare_target
 
     return prepare_target(TINY_TARGET, tmp_path_factory.mktemp("tiny-target"), seed=0)
+
+
+FIXTURE_DATA = Path(__file__).parent / "data"
+
+
+@pytest.fixture(scope="module")
+def metrics():
+    """Hand-written tidy metrics shared by the table and figure tests (tests/data/metrics.csv)."""
+    import pandas as pd
+
+    return pd.read_csv(FIXTURE_DATA / "metrics.csv")
+
+
+@pytest.fixture(scope="module")
+def blocks():
+    import pandas as pd
+
+    return pd.read_csv(FIXTURE_DATA / "blocks.csv")
+
+
+@pytest.fixture(scope="module")
+def train_runs():
+    import pandas as pd
+
+    return pd.read_csv(FIXTURE_DATA / "train_runs.csv")
+
+
+@pytest.fixture(scope="module")
+def train_steps():
+    import pandas as pd
+
+    return pd.read_csv(FIXTURE_DATA / "train_steps.csv")

@@ -13,23 +13,6 @@ from scipy import stats
 
 from dpace import figures
 
-DATA = Path(__file__).parent / "data"
-
-
-@pytest.fixture(scope="module")
-def metrics() -> pd.DataFrame:
-    return pd.read_csv(DATA / "metrics.csv")
-
-
-@pytest.fixture(scope="module")
-def blocks() -> pd.DataFrame:
-    return pd.read_csv(DATA / "blocks.csv")
-
-
-@pytest.fixture(scope="module")
-def train_steps() -> pd.DataFrame:
-    return pd.read_csv(DATA / "train_steps.csv")
-
 
 def check_files(paths, pdf: Path, png: Path, shape: tuple[int, int]) -> None:
     assert tuple(paths) == (pdf, png)

@@ -15,7 +15,6 @@ Fixture design (tests/data/metrics.csv, one final epoch = 2 unless stated):
 from __future__ import annotations
 
 import re
-from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -23,23 +22,10 @@ from scipy import stats
 
 from dpace import tables
 
-DATA = Path(__file__).parent / "data"
 NUMBER = re.compile(r"\d\.\d\d|--|~ms|\d:\d\d")
 
 
-@pytest.fixture(scope="module")
-def metrics() -> pd.DataFrame:
-    return pd.read_csv(DATA / "metrics.csv")
 
-
-@pytest.fixture(scope="module")
-def blocks() -> pd.DataFrame:
-    return pd.read_csv(DATA / "blocks.csv")
-
-
-@pytest.fixture(scope="module")
-def train_runs() -> pd.DataFrame:
-    return pd.read_csv(DATA / "train_runs.csv")
 
 
 # ---------------------------------------------------------------- parsing helpers
