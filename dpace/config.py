@@ -11,7 +11,8 @@ from __future__ import annotations
 from dataclasses import dataclass, field
 from pathlib import Path
 
-from dpace.data import BENCHMARKS
+from dpace.conversations import dataset_name
+from dpace.data import BENCHMARKS, TRAIN_SETS
 from dpace.objectives import OBJECTIVES, canonical_objective, resolve_hparams, resolve_normalization
 
 GROUPS = ("main", "cross_model", "ablation", "smoothing", "block_size", "target_prob", "extras", "normalization")
@@ -162,6 +163,13 @@ def all_variants(config: dict) -> dict[tuple[str, str], Variant]:
     return found
 
 
+def training_data(config: dict, target: str) -> str:
+    """The data set a target's drafters train on: its imported responses (``targets.<t>.responses``)
+    or ``data.train_set`` answered by the target itself."""
+    source = config["targets"][target].get("responses")
+    return dataset_name(source) if source else config["data"]["train_set"]
+
+
 def check_config(config: dict) -> None:
     """Checks beyond the schema; each failure names the key and what is allowed."""
     if config["main_target"] not in config["targets"]:
@@ -179,6 +187,11 @@ def check_config(config: dict) -> None:
             raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(OBJECTIVES)}")
     features = config["features"]
     for target_name, target in config["targets"].items():
+        if target.get("responses") and dataset_name(target["responses"]) in TRAIN_SETS:
+            raise ConfigError(
+                f"targets.{target_name}.responses: {target['responses']!r} is named like the generated set "
+                f"{dataset_name(target['responses'])!r}; rename the file"
+            )
         layers = target.get("num_layers")
         ids = target.get("target_layer_ids") or features.get("target_layer_ids")
         if layers is not None and ids is not None:

@@ -73,11 +73,15 @@ def drafter_config(
     return config
 
 
-def build_drafter(config: Qwen3Config, seed: int = 0):
-    """A freshly initialised SpecForge ``DFlashDraftModel`` (the training-side class)."""
+def build_drafter(config: Qwen3Config, seed: int = 0, attention_backend: str = "sdpa"):
+    """A freshly initialised SpecForge ``DFlashDraftModel`` (the training-side class).
+
+    ``attention_backend`` must match the ``OnlineDFlashModel`` wrapping it: that wrapper builds a
+    flex_attention ``BlockMask`` or a dense SDPA mask, and the layers consume whichever it built.
+    """
     from specforge.modeling.draft.dflash import DFlashDraftModel
 
-    config._attn_implementation = "sdpa"
+    config._attn_implementation = attention_backend
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return DFlashDraftModel(config).float()

@@ -29,6 +29,7 @@ STAGE_MODULES = {
     "data": ("data", "io"),
     "target": ("targets", "io"),
     "generate": ("generation", "targets", "io"),
+    "import": ("conversations", "io"),
     "features": ("features", "targets", "io"),
     "train": ("training", "objectives", "online_model", "drafter", "features", "targets", "io"),
     "evaluate": ("evaluation", "decoding", "drafter", "targets", "io"),

@@ -276,7 +276,7 @@ def run_config(
     trust_remote_code: bool = False,
     max_length: int = 2048,
     attention_backend: str = "flex_attention",
-    torch_dtype: str = "bfloat16",
+    precision: str = "bf16",
     mem_fraction_static: float = 0.7,
 ) -> dict:
     """A SpecForge 0.2.0 run config (validated by ``specforge.config.schema.Config``) for one variant.
@@ -329,7 +329,7 @@ def run_config(
             "target_model_path": target_path,
             "draft_model_config": draft_config_path,
             "trust_remote_code": bool(trust_remote_code),
-            "torch_dtype": torch_dtype,
+            "torch_dtype": {"bf16": "bfloat16", "fp32": "float32"}[precision],
             "mask_token_id": int(mask_token_id),
             "sglang_mem_fraction_static": mem_fraction_static,
         },
@@ -571,6 +571,8 @@ def train_with_specforge(
     mask_token: str | None = None,
     mask_token_id: int | None = None,
     max_length: int = 2048,
+    precision: str = "bf16",
+    attention_backend: str = "flex_attention",
     log=None,
 ) -> dict:
     """Train one variant with SpecForge and write the workflow's drafter folder."""
@@ -610,6 +612,7 @@ def train_with_specforge(
         prompts_path=str(prompts), output_dir=str(output_dir), control_dir=str(scratch_dir / f"control-{attempt}"),
         cache_dir=str(scratch_dir / "cache"), settings=settings, num_prompts=num_prompts, topology=topology,
         mask_token_id=int(mask_token_id), trust_remote_code=trust, max_length=max_length,
+        precision=precision, attention_backend=attention_backend,
     )
     validate_run_config(run)
     run_yaml = scratch_dir / "run.yaml"

@@ -54,6 +54,11 @@ class TrainConfig:
     save_every_steps: int = 50  # resumable state cadence (optimizer steps)
     threads: int = 0  # torch CPU threads; 0 keeps torch's default
     device: str = "cpu"
+    # The paper's single-GPU setting is bf16 + flex_attention (SpecForge's defaults). bf16 autocasts
+    # the forward (weights, gradients and AdamW stay fp32); flex_attention builds SpecForge's block
+    # mask instead of a dense SDPA mask, which is what keeps 512 anchors x 2048 tokens in memory.
+    precision: str = "fp32"  # fp32 | bf16
+    attention_backend: str = "sdpa"  # sdpa | flex_attention
 
 
 def _batches(features: FeatureSet, order: list[int], micro_batch_size: int):
@@ -85,6 +90,10 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+ATTENTION_BACKENDS = ("sdpa", "flex_attention")
+
+
 def _first_non_finite(model: torch.nn.Module) -> str | None:
     for name, parameter in model.named_parameters():
         if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
@@ -113,6 +122,10 @@ def train_drafter(
     interrupt training deterministically).
     """
     objective = canonical_objective(config.objective)
+    if config.precision not in PRECISIONS:
+        raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
+    if config.attention_backend not in ATTENTION_BACKENDS:
+        raise ValueError(f"attention_backend {config.attention_backend!r}; valid: {', '.join(ATTENTION_BACKENDS)}")
     hparams = resolve_hparams(objective, config.block_size, **config.objective_hparams)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -124,6 +137,11 @@ def train_drafter(
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)
     device = torch.device(config.device)
+    if config.attention_backend == "flex_attention" and device.type != "cuda":
+        raise ValueError(
+            f"attention_backend flex_attention trains on CUDA only (PyTorch has no {device.type} backward "
+            "for it); use sdpa here"
+        )
 
     features = load_features(features_dir)
     target, tokenizer = load_target(target_json, device=config.device)
@@ -146,14 +164,14 @@ def train_drafter(
         target_layer_ids=features.layer_ids,
         mask_token_id=mask_token_id,
     )
-    drafter = build_drafter(draft_config, seed=config.seed).to(device)
+    drafter = build_drafter(draft_config, seed=config.seed, attention_backend=config.attention_backend).to(device)
     model = ObjectiveDFlashModel(
         draft_model=drafter,
         target_lm_head=target.lm_head,
         target_embed_tokens=target.get_input_embeddings(),
         mask_token_id=mask_token_id,
         block_size=config.block_size,
-        attention_backend="sdpa",
+        attention_backend=config.attention_backend,
         num_anchors=config.num_anchors,
         objective=objective,
         normalize=config.normalize,
@@ -181,6 +199,8 @@ def train_drafter(
             optimizer.load_state_dict(state["optimizer"])
             scheduler.load_state_dict(state["scheduler"])
             torch.set_rng_state(state["rng"])
+            if device.type == "cuda":  # SpecForge samples anchors on the device: its RNG resumes too
+                torch.cuda.set_rng_state(state["cuda_rng"], device)
             epoch, step_in_epoch, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
     steps_log = out_dir / "steps.jsonl"
     # Keep only log rows up to the resumed step, so a resumed log equals an uninterrupted one.
@@ -191,8 +211,17 @@ def train_drafter(
         _save_state(state_path, {
             "fingerprint": fingerprint, "model": drafter.state_dict(), "optimizer": optimizer.state_dict(),
             "scheduler": scheduler.state_dict(), "rng": torch.get_rng_state(),
+            "cuda_rng": torch.cuda.get_rng_state(device) if device.type == "cuda" else None,
             "epoch": epoch, "step_in_epoch": step_in_epoch, "global_step": global_step,
         })
+
+    def autocast():
+        return torch.autocast(device.type, dtype=PRECISIONS[config.precision], enabled=config.precision != "fp32")
+
+    def clock() -> float:
+        if device.type == "cuda":  # CUDA runs asynchronously: a step ends when its kernels do
+            torch.cuda.synchronize(device)
+        return time.perf_counter()
 
     drafter.train()
     log = JsonlAppender(steps_log)
@@ -203,25 +232,26 @@ def train_drafter(
             order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
             micro_batches = list(_batches(features, order.tolist(), config.micro_batch_size))
             while step_in_epoch < steps_per_epoch:
-                started = time.perf_counter()
+                started = clock()
                 group = micro_batches[step_in_epoch * config.grad_accumulation : (step_in_epoch + 1) * config.grad_accumulation]
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum, accuracy_sum, weights = 0.0, 0.0, []
                 for batch in group:
                     batch = {key: value.to(device) for key, value in batch.items()}
-                    if online:
-                        with torch.no_grad():
-                            hidden, last = target_hidden_states(
-                                target, batch["input_ids"], (batch["input_ids"] >= 0).long(),
-                                features.layer_ids, needs_target,
-                            )
-                        batch["hidden"], batch["last_hidden"] = hidden, last
-                    loss, accuracy, metrics = model(
-                        input_ids=batch["input_ids"],
-                        hidden_states=batch["hidden"],
-                        loss_mask=batch["loss_mask"],
-                        target_last_hidden_states=batch.get("last_hidden") if needs_target else None,
-                    )
+                    with autocast():
+                        if online:
+                            with torch.no_grad():
+                                hidden, last = target_hidden_states(
+                                    target, batch["input_ids"], (batch["input_ids"] >= 0).long(),
+                                    features.layer_ids, needs_target,
+                                )
+                            batch["hidden"], batch["last_hidden"] = hidden, last
+                        loss, accuracy, metrics = model(
+                            input_ids=batch["input_ids"],
+                            hidden_states=batch["hidden"],
+                            loss_mask=batch["loss_mask"],
+                            target_last_hidden_states=batch.get("last_hidden") if needs_target else None,
+                        )
                     if not torch.isfinite(loss):
                         raise FloatingPointError(
                             f"non-finite loss {loss.item()} at step {global_step} (objective {objective}); "
@@ -239,7 +269,7 @@ def train_drafter(
                 grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
-                step_time = time.perf_counter() - started
+                step_time = clock() - started
                 log.write({
                     "global_step": global_step,
                     "epoch": epoch + 1,

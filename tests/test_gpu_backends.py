@@ -381,6 +381,7 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
             settings=settings, num_prompts=100_000, topology=topology,
             mask_token_id=config["targets"][target]["mask_token_id"], ports=[30001, 30002, 30003, 30004],
             max_length=config["features"]["max_seq_length"],
+            precision=config["train"]["precision"], attention_backend=config["train"]["attention_backend"],
         )
         cfg = validate_run_config(run)  # SpecForge 0.2.0's own strict schema
         assert cfg.training.strategy == ALGORITHM_NAME and cfg.mode == "online"
@@ -389,6 +390,7 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
         assert cfg.training.num_epochs == variant.epochs and cfg.training.learning_rate == 6e-4
         assert cfg.training.num_anchors == 512 and cfg.training.warmup_ratio == 0.04
         assert cfg.training.max_grad_norm == 1.0 and cfg.training.lr_scheduler == "cosine"
+        assert cfg.training.attention_backend == "flex_attention" and cfg.model.torch_dtype == "bfloat16"
         assert cfg.training.save_interval == 100_000 // 4 and cfg.data.max_length == 2048
         assert cfg.model.mask_token_id == {"qwen3-4b": 151669, "qwen3-8b": 151669, "llama3.1-8b": 128002}[target]
         registration = algorithm_registration(ObjectiveSpec(variant.objective, dict(variant.hparams),
@@ -596,3 +598,26 @@ def test_specforge_backend_refuses_one_gpu(tmp_path, tiny_target_json, features_
         train_with_specforge(settings, target_json=tiny_target_json, features_dir=features_dir,
                              out_dir=tmp_path / "o", scratch_dir=tmp_path / "s", gpus=["0"],
                              mask_token="<empty_output>", max_length=256)
+
+
+def _gpu_check_module():
+    spec = importlib.util.spec_from_file_location("gpu_check", REPO / "workflow" / "scripts" / "gpu_check.py")
+    module = importlib.util.module_from_spec(spec)
+    spec.loader.exec_module(module)
+    return module
+
+
+@pytest.mark.parametrize("cpu", [False, True])
+def test_gpu_check_config_is_valid_and_trains_like_the_paper_on_a_gpu(tmp_path, monkeypatch, cpu):
+    from dpace.config import validate_config
+
+    gpu_check = _gpu_check_module()
+    monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # no SGLang, no Mooncake
+    backends, notes = gpu_check.plan_backends(gpus=0 if cpu else 2, want_specforge=True, cpu=cpu)
+    assert backends == {"generate": "transformers", "train": "local", "eval": "local"}
+    assert any("SpecForge training skipped" in note for note in notes)
+    config = yaml.safe_load(gpu_check.write_config(tmp_path, tmp_path / "mirror", backends, cpu=cpu).read_text())
+    validate_config(config)  # the smoke config plus the check's overrides still passes the schema
+    expected = ("fp32", "sdpa") if cpu else ("bf16", "flex_attention")
+    assert (config["train"].get("precision", "fp32"), config["train"].get("attention_backend", "sdpa")) == expected
+    assert config["targets"][config["main_target"]]["hidden_size"] // config["targets"][config["main_target"]]["num_heads"] == 64

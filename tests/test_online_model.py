@@ -215,3 +215,23 @@ def test_dpace_training_lowers_the_loss():
         surrogates.append(float(metrics["surrogate"]))
     assert losses[-1] < 0.9 * losses[0], losses
     assert surrogates[-1] > 2 * surrogates[0], surrogates  # S~ (accepted-length proxy) grows
+
+
+def test_flex_attention_gives_the_sdpa_loss():
+    """The paper's GPU setting builds SpecForge's flex_attention BlockMask instead of the dense SDPA
+    mask; both must describe the same attention. PyTorch has no CPU backward for flex_attention, so
+    the forward is compared here (training with it runs on CUDA: the GPU check script)."""
+    draft, lm_head, embed = (module.float() for module in tiny_modules())  # CPU flex: no float64
+    input_ids, hidden_states, loss_mask = batch()
+    inputs = (input_ids, hidden_states.float(), loss_mask)
+    common = dict(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8, objective="dpace")
+    losses = {}
+    for backend in ("sdpa", "flex_attention"):
+        draft.config._attn_implementation = backend
+        model = ObjectiveDFlashModel(draft, lm_head, embed, attention_backend=backend, **common)
+        torch.manual_seed(5)
+        with torch.no_grad():
+            losses[backend], _, metrics = model(*inputs)
+        losses[backend + " q"] = metrics["q_per_position"]
+    torch.testing.assert_close(losses["sdpa"], losses["flex_attention"], atol=1e-5, rtol=1e-5)
+    torch.testing.assert_close(losses["sdpa q"], losses["flex_attention q"], atol=1e-5, rtol=1e-5)

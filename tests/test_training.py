@@ -138,3 +138,25 @@ def test_online_features_train_like_cached_ones(tmp_path, tiny_target_json, feat
                          scratch_dir=tmp_path / "sb")
     # Cached features are bf16, online ones full precision: same run up to storage rounding.
     assert live["final_loss"] == pytest.approx(cached["final_loss"], rel=5e-2)
+
+
+def test_bf16_autocast_trains_like_fp32_with_fp32_master_weights(tmp_path, tiny_target_json, features_dir):
+    """The paper's GPU precision, run here with CPU autocast: the same run up to bf16 rounding."""
+    runs = {}
+    for precision in ("fp32", "bf16"):
+        train_drafter(small_config(epochs=1, precision=precision), target_json=tiny_target_json,
+                      features_dir=features_dir, out_dir=tmp_path / precision, scratch_dir=tmp_path / f"s{precision}")
+        runs[precision] = [json.loads(line)["loss"] for line in (tmp_path / precision / "steps.jsonl").read_text().splitlines()]
+    assert runs["bf16"] == pytest.approx(runs["fp32"], rel=2e-2)
+    assert runs["bf16"] != runs["fp32"]  # autocast really ran the matmuls in bf16
+    assert all(t.dtype == torch.float32 for t in weights(tmp_path / "bf16" / "epoch-1").values())
+
+
+def test_unsupported_precision_or_attention_is_refused_before_training(tmp_path, tiny_target_json, features_dir):
+    kwargs = dict(target_json=tiny_target_json, features_dir=features_dir, out_dir=tmp_path / "run",
+                  scratch_dir=tmp_path / "scratch")
+    with pytest.raises(ValueError, match=r"precision 'fp16'; valid: fp32, bf16"):
+        train_drafter(small_config(precision="fp16"), **kwargs)
+    with pytest.raises(ValueError, match=r"flex_attention trains on CUDA only .* use sdpa here"):
+        train_drafter(small_config(attention_backend="flex_attention"), **kwargs)
+    assert not (tmp_path / "run" / "steps.jsonl").exists()

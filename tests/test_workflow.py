@@ -208,3 +208,44 @@ def test_no_secret_in_params_logs_or_results(smoke_run):
             if path.is_file() and path.stat().st_size < 50_000_000 and SECRET.encode() in path.read_bytes():
                 leaked.append(str(path))
     assert not leaked
+
+
+def test_a_target_with_released_answers_imports_them_instead_of_generating(tmp_path):
+    """targets.<t>.responses (the paper's Qwen3-4B: z-lab/qwen3-4b-instruct-100k), here a local file."""
+    answers = tmp_path / "released-answers.jsonl"
+    rows = [json.loads(line) for line in (MIRROR / "train" / "sharegpt.jsonl").read_text().splitlines()[:40]]
+    answers.write_text("".join(json.dumps(row) + "\n" for row in rows))
+    config = write_config(tmp_path, **{"targets.tiny.responses": str(answers), "data.train_prompts": 12})
+    jobs = planned_jobs(snakemake(tmp_path, config, "-n", "results/table_main.tex"))
+    assert jobs["import_responses"] == 1 and "generate_responses" not in jobs and "training_prompts" not in jobs
+    result = snakemake(tmp_path, config, "results/features/tiny/released-answers")
+    assert result.returncode == 0, result.stderr[-3000:]
+    imported = [json.loads(line) for line in (tmp_path / "results/responses/tiny/released-answers.jsonl").open()]
+    assert len(imported) == 12
+    by_id = {row["id"]: row for row in rows}
+    for row in imported:  # the released answer, not a regenerated one
+        source = by_id[row["id"]]["conversations"]
+        assert row["conversations"][1]["content"] == next(t["value"] for t in source if t["from"] == "gpt")
+    from dpace.features import load_features
+
+    features = load_features(tmp_path / "results/features/tiny/released-answers")
+    assert 0 < len(features) <= 12  # conversations longer than max_seq_length are skipped
+
+
+def test_block_records_come_from_the_local_decoder_when_sglang_serves(tmp_path):
+    """eval.backend sglang: the 'blocks' suite (Table 8, Figure 1a) still decodes in-process, so it
+    runs here without SGLang and records per-block q."""
+    from dpace.config import experiments
+
+    config_path = write_config(tmp_path, **{"eval.backend": "sglang"})
+    config = yaml.safe_load(config_path.read_text())
+    dflash = next(v for v in experiments(config)["main"].variants if v.objective == "dflash")
+    summary = f"results/eval/tiny/{dflash.id}/epoch-{dflash.epochs}/blocks/summary.json"
+    result = snakemake(tmp_path, config_path, summary)
+    assert result.returncode == 0, result.stderr[-3000:]
+    rows = json.loads((tmp_path / summary).read_text())
+    assert [(r["benchmark"], r["temperature"]) for r in rows] == [("math500", 0.0)]
+    assert rows[0].get("engine", "local") == "local"
+    blocks = pd.read_csv(tmp_path / summary.replace("summary.json", "blocks.csv"))
+    assert len(blocks) > 0 and {"tau_block", "benchmark"} <= set(blocks.columns)
+    assert blocks["tau_block"].between(1, dflash.block_size).all()

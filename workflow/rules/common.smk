@@ -1,10 +1,11 @@
 # Shared helpers: the variant registry (dpace.config) and paths. Imported by every stage file.
+import re
 import sys
 from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
-from dpace.config import ConfigError, all_variants, experiments, validate_config
+from dpace.config import ConfigError, all_variants, experiments, training_data, validate_config
 from dpace.fingerprint import stage_fingerprint
 
 try:
@@ -19,6 +20,14 @@ RESULTS = "results"
 # CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side.
 JOB_THREADS = config.get("job_threads") or workflow.cores
 SCRATCH = f"{RESULTS}/scratch"
+
+
+# Data sets imported with the target's responses already in them (targets.<t>.responses), by name.
+IMPORTED = {training_data(config, name): t["responses"] for name, t in config["targets"].items() if t.get("responses")}
+
+
+def features_dir(target):
+    return f"{RESULTS}/features/{target}/{training_data(config, target)}"
 
 
 def prompts_per_benchmark(benchmark):
@@ -87,7 +96,9 @@ def artifact_inputs(name):
     spec = ARTIFACTS[name]
     inputs = {"metrics": [f"{RESULTS}/metrics/{g}.csv" for g in spec["groups"] if g in EXPERIMENTS]}
     if spec.get("blocks"):
-        inputs["blocks"] = f"{RESULTS}/metrics/main_blocks.csv"
+        # The local decoder records per-block q with every evaluation; SGLang does not (local_blocks).
+        local = config["eval"]["backend"] == "local"
+        inputs["blocks"] = f"{RESULTS}/metrics/main_blocks.csv" if local else f"{RESULTS}/metrics/main_local_blocks.csv"
     if spec.get("train"):
         inputs["train_steps"] = f"{RESULTS}/metrics/main_train_steps.csv"
         inputs["train_runs"] = f"{RESULTS}/metrics/main_train_runs.csv"

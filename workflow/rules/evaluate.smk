@@ -4,6 +4,9 @@
 SUITES = {
     "full": {"benchmarks": config["data"]["benchmarks"], "temperatures": config["eval"]["temperatures"]},
     "trajectory": {"benchmarks": ["math500"], "temperatures": [0.0]},
+    # Per-block q and tau for Table 8 / Figure 1a when eval.backend is SGLang, which reports neither:
+    # the in-process decoder on MATH-500 at T=0 (the paper's setting for them).
+    "blocks": {"benchmarks": ["math500"], "temperatures": [0.0], "backend": "local"},
 }
 
 
@@ -23,14 +26,14 @@ rule evaluate:
         f"{RESULTS}/benchmarks/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.tsv"
     wildcard_constraints:
         epoch=r"\d+",
-        suite="full|trajectory",
+        suite="|".join(SUITES),
     params:
         drafter=lambda wildcards: f"{RESULTS}/drafters/{wildcards.target}/{wildcards.variant}/epoch-{wildcards.epoch}",
         temperatures=lambda wildcards: SUITES[wildcards.suite]["temperatures"],
         verification=config["eval"]["verification"],
         max_new_tokens=config["eval"]["max_new_tokens"],
         seed=config["seed"],
-        backend=config["eval"]["backend"],
+        backend=lambda wildcards: SUITES[wildcards.suite].get("backend", config["eval"]["backend"]),
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=stage_fingerprint("evaluate"),
     threads: JOB_THREADS

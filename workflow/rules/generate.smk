@@ -1,4 +1,6 @@
-# Stage 3: the target answers every training prompt itself (the paper's target-regenerated data).
+# Stage 3: the target answers every training prompt itself (the paper's target-regenerated data),
+# or, for a target with targets.<t>.responses, its answers are imported (Qwen3-4B: the DFlash
+# authors' z-lab/qwen3-4b-instruct-100k).
 
 
 rule generate_responses:
@@ -7,6 +9,8 @@ rule generate_responses:
         target=f"{RESULTS}/targets/{{target}}/target.json",
     output:
         conversations=f"{RESULTS}/responses/{{target}}/{{dataset}}.jsonl",
+    wildcard_constraints:
+        dataset=re.escape(config["data"]["train_set"]),
     log:
         f"{RESULTS}/logs/responses/{{target}}/{{dataset}}.log",
     benchmark:
@@ -25,3 +29,22 @@ rule generate_responses:
         gpu=1 if config["generate"]["backend"] == "sglang" else 0,
     script:
         "../scripts/generate_responses.py"
+
+
+rule import_responses:
+    output:
+        conversations=f"{RESULTS}/responses/{{target}}/{{dataset}}.jsonl",
+    wildcard_constraints:
+        dataset="|".join(map(re.escape, IMPORTED)) or "(?!)",  # (?!): no data set is imported
+    log:
+        f"{RESULTS}/logs/responses/{{target}}/{{dataset}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/responses/{{target}}/{{dataset}}.tsv"
+    params:
+        source=lambda wildcards: config["targets"][wildcards.target]["responses"],
+        num_conversations=config["data"]["train_prompts"],
+        seed=config["seed"],
+        code=stage_fingerprint("import"),
+    localrule: True
+    script:
+        "../scripts/import_responses.py"

@@ -24,6 +24,30 @@ rule group_metrics:
         "../scripts/group_metrics.py"
 
 
+rule local_blocks:
+    """With eval.backend sglang: per-block records of Table 1's shallowest DFlash drafter (the one
+    table_correlation and fig_motivation (a) show) from an in-process MATH-500 run at T=0."""
+    input:
+        summaries=lambda wildcards: [
+            eval_summary(v.target, v.id, v.epochs, "blocks")
+            for v in sorted(EXPERIMENTS["main"].variants, key=lambda v: (v.depth, v.block_size))
+            if v.objective == "dflash"
+        ][:1],
+    output:
+        metrics=f"{RESULTS}/metrics/main_local.csv",
+        blocks=f"{RESULTS}/metrics/main_local_blocks.csv",
+    log:
+        f"{RESULTS}/logs/report/metrics_main_local.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/report/metrics_main_local.tsv"
+    params:
+        variants=group_metadata("main"),
+        code=stage_fingerprint("report"),
+    localrule: True
+    script:
+        "../scripts/group_metrics.py"
+
+
 rule group_training:
     input:
         summaries=lambda wildcards: [

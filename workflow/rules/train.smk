@@ -3,7 +3,7 @@
 
 rule train_drafter:
     input:
-        features=f"{RESULTS}/features/{{target}}/{config['data']['train_set']}",
+        features=lambda wildcards: features_dir(wildcards.target),
         target=f"{RESULTS}/targets/{{target}}/target.json",
     output:
         summary=f"{RESULTS}/drafters/{{target}}/{{variant}}/summary.json",
@@ -24,6 +24,8 @@ rule train_drafter:
         weight_decay=config["train"].get("weight_decay", 0.0),
         objective_chunk_blocks=config["train"].get("objective_chunk_blocks", 0),
         save_every_steps=config["train"].get("save_every_steps", 50),
+        precision=config["train"].get("precision", "fp32"),
+        attention_backend=config["train"].get("attention_backend", "sdpa"),
         seed=config["seed"],
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",

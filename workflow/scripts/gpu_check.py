@@ -57,13 +57,16 @@ def plan_backends(*, gpus: int, want_specforge: bool, cpu: bool) -> tuple[dict, 
     return backends, notes
 
 
-def write_config(workdir: Path, mirror: Path, backends: dict) -> Path:
+def write_config(workdir: Path, mirror: Path, backends: dict, *, cpu: bool = False) -> Path:
+    """The smoke config with the chosen backends; on a GPU, the paper's bf16 + flex_attention training."""
     config = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
     config["data"]["mirror"] = str(mirror)
     target = config["targets"][config["main_target"]]
     target.update(hidden_size=256, intermediate_size=512, num_heads=4, num_kv_heads=2)
     for section, backend in backends.items():
         config[section]["backend"] = backend
+    if not cpu:
+        config["train"].update(precision="bf16", attention_backend="flex_attention")
     path = workdir / "gpu_check.yaml"
     path.write_text(yaml.safe_dump(config, sort_keys=False))
     return path
@@ -122,7 +125,7 @@ def main(argv=None) -> int:
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dpace-gpu-check-"))
     workdir.mkdir(parents=True, exist_ok=True)
     backends, notes = plan_backends(gpus=gpus, want_specforge=args.specforge, cpu=args.cpu)
-    config = write_config(workdir, args.mirror.resolve(), backends)
+    config = write_config(workdir, args.mirror.resolve(), backends, cpu=args.cpu)
     env = {**os.environ, "HF_HUB_OFFLINE": "1", "TRANSFORMERS_OFFLINE": "1", "HF_DATASETS_OFFLINE": "1"}
     command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
                "--configfile", str(config), "--cores", str(args.cores), "--resources", f"gpu={max(gpus, 1)}",

@@ -35,6 +35,8 @@ if params.backend == "specforge":
             mask_token=params.mask_token,
             mask_token_id=target.get("mask_token_id"),
             max_length=snakemake.config["features"]["max_seq_length"],
+            precision=params.precision,
+            attention_backend=params.attention_backend,
         )
 elif params.backend == "local":
     from dpace.training import TrainConfig, train_drafter
@@ -57,6 +59,8 @@ elif params.backend == "local":
             weight_decay=params.weight_decay,
             objective_chunk_blocks=params.objective_chunk_blocks,
             save_every_steps=params.save_every_steps,
+            precision=params.precision,
+            attention_backend=params.attention_backend,
             seed=params.seed,
             threads=snakemake.threads,
             device="cuda" if ids and torch.cuda.is_available() else "cpu",
