@@ -44,8 +44,8 @@ def _tokenized_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int) -> t
     return kept, too_long
 
 
-def _generate_transformers(target_json, todo, out, *, max_new_tokens, temperature, batch_size, seed, device):
-    model, tokenizer = load_target(target_json, device=device)
+def _generate_transformers(target_json, todo, out, *, max_new_tokens, temperature, batch_size, seed, device, dtype):
+    model, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, dtype))
     stops = stop_token_ids(tokenizer)
     pad_id = tokenizer.pad_token_id if tokenizer.pad_token_id is not None else stops[0]
     generator_seed = torch.Generator().manual_seed(seed)
@@ -80,7 +80,7 @@ def _generate_transformers(target_json, todo, out, *, max_new_tokens, temperatur
             progress.update(len(batch))
 
 
-def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, batch_size, seed, device):
+def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, batch_size, seed, device, dtype):
     """SGLang's offline ``Engine`` on this job's GPU: one batch of token-id prompts at a time,
     greedy at T = 0, sampled (top-p 1, top-k off) otherwise; each batch's answers are appended
     to the scratch file as soon as it finishes, so a rerun resumes after the last batch."""
@@ -102,7 +102,8 @@ def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, bat
     # Longest first, as the transformers backend: the slowest batches start early.
     todo = sorted(todo, key=lambda item: -len(item[1]))
     with gpu_slot(1):
-        engine = sglang.Engine(model_path=path, trust_remote_code=trust, random_seed=seed, log_level="error")
+        engine = sglang.Engine(model_path=path, trust_remote_code=trust, random_seed=seed, dtype=dtype,
+                               log_level="error")
         try:
             with tqdm(total=len(todo), desc="responses (sglang)", unit="prompt") as progress:
                 for start in range(0, len(todo), batch_size):
@@ -116,6 +117,9 @@ def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, bat
 
 
 BACKENDS = {"transformers": _generate_transformers, "sglang": _generate_sglang}
+# bfloat16 is the paper's GPU precision; on a CPU with AMX it makes batched decoding ~1.5x faster
+# than float32 (README, "Measured budgets"), at the price of answers that differ from float32 greedy.
+DTYPES = ("float32", "bfloat16")
 
 
 def generate_responses(
@@ -130,11 +134,14 @@ def generate_responses(
     batch_size: int = 16,
     seed: int = 0,
     device: str = "cpu",
+    dtype: str = "float32",
     scratch_path: str | Path | None = None,
 ) -> dict:
     """Generate the target's response to every prompt; returns counts (written, skipped)."""
     if backend not in BACKENDS:
         raise ValueError(f"unknown generation backend {backend!r}; valid: {sorted(BACKENDS)}")
+    if dtype not in DTYPES:
+        raise ValueError(f"unknown generation dtype {dtype!r}; valid: {', '.join(DTYPES)}")
     rows = list(read_jsonl(prompts_path))
     scratch_path = Path(scratch_path) if scratch_path else Path(str(out_path) + ".partial")
     done = {row["id"] for row in read_partial_jsonl(scratch_path)}
@@ -145,7 +152,7 @@ def generate_responses(
         if todo:
             BACKENDS[backend](
                 target_json, todo, out, max_new_tokens=max_new_tokens, temperature=temperature,
-                batch_size=batch_size, seed=seed, device=device,
+                batch_size=batch_size, seed=seed, device=device, dtype=dtype,
             )
     by_id = {row["id"]: row for row in read_partial_jsonl(scratch_path)}
     atomic_write_jsonl(out_path, [by_id[row["id"]] for row in rows if row["id"] in by_id])

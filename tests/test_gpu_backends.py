@@ -304,7 +304,7 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
                                                                  {"role": "assistant", "content": "earlier"}]}])
     counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
                                 backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5,
-                                scratch_path=scratch)
+                                dtype="bfloat16", scratch_path=scratch)
     assert counts == {"prompts": 5, "resumed": 1, "generated": 4, "skipped_too_long": 0}
     rows = list(read_jsonl(tmp_path / "out.jsonl"))
     assert [r["id"] for r in rows] == [p["id"] for p in prompts]  # the prompts' order
@@ -314,6 +314,7 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
     assert [c[1] for c in generates] == [3, 1]
     assert generates[0][2]["temperature"] == 1.0 and generates[0][2]["max_new_tokens"] == 7
     assert _FakeEngine.calls[0][1]["random_seed"] == 5 and _FakeEngine.calls[-1] == ("shutdown",)
+    assert _FakeEngine.calls[0][1]["dtype"] == "bfloat16"
     assert "CUDA_VISIBLE_DEVICES" not in os.environ  # restored after the job's GPU slot
 
 

@@ -126,3 +126,29 @@ def test_target_without_chat_template_is_rejected(tmp_path, tiny_target_json):
     (copy / "model" / "chat_template.jinja").unlink(missing_ok=True)
     with pytest.raises(ValueError, match="no chat template"):
         load_target(copy / "target.json")
+
+
+def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target_json, monkeypatch):
+    import dpace.generation
+
+    answered_in = []
+
+    def recording_load_target(*args, **kwargs):  # which precision the answering model really has
+        model, tokenizer = load_target(*args, **kwargs)
+        answered_in.append(next(model.parameters()).dtype)
+        return model, tokenizer
+
+    monkeypatch.setattr(dpace.generation, "load_target", recording_load_target)
+    prompts = tmp_path / "prompts.jsonl"
+    atomic_write_jsonl(prompts, PROMPTS)
+    out = tmp_path / "responses.jsonl"
+    generate_responses(tiny_target_json, prompts, out, max_new_tokens=12, batch_size=1, dtype="bfloat16")
+    assert answered_in == [torch.bfloat16]
+    model, tokenizer = load_target(tiny_target_json, dtype=torch.bfloat16)
+    stops = stop_token_ids(tokenizer)
+    for prompt, row in zip(PROMPTS, read_jsonl(out), strict=True):
+        ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": prompt["prompt"]}])
+        expected = tokenizer.decode(_greedy_one(model, ids, 12, stops), skip_special_tokens=True)
+        assert row["conversations"][1] == {"role": "assistant", "content": expected}
+    with pytest.raises(ValueError, match=r"unknown generation dtype 'float16'; valid: float32, bfloat16"):
+        generate_responses(tiny_target_json, prompts, tmp_path / "x.jsonl", dtype="float16")

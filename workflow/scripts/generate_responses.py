@@ -16,6 +16,7 @@ counts = generate_responses(
     max_prompt_tokens=snakemake.params.max_prompt_tokens,
     temperature=snakemake.params.temperature,
     batch_size=snakemake.params.batch_size,
+    dtype=snakemake.params.dtype,
     seed=snakemake.params.seed,
     scratch_path=snakemake.params.scratch,
 )
