@@ -40,12 +40,13 @@ from __future__ import annotations
 
 import math
 import statistics
-import time
 from dataclasses import dataclass, field
 
 import torch
 from torch.nn import functional as F
 from transformers import DynamicCache
+
+from dpace.gpus import device_clock
 
 VERIFICATIONS = ("hard-match", "rejection")
 
@@ -107,14 +108,6 @@ class DecodeResult:
 # ---------------------------------------------------------------------------
 # Helpers
 # ---------------------------------------------------------------------------
-
-
-def _now(device) -> float:
-    """Wall clock after the device has finished its queued work (CUDA runs asynchronously)."""
-    device = torch.device(device)
-    if device.type == "cuda":
-        torch.cuda.synchronize(device)
-    return time.perf_counter()
 
 
 def _make_cache(config) -> DynamicCache:
@@ -277,7 +270,7 @@ def speculative_generate(
     target_cache = _make_cache(target.config)
     draft_cache = _make_cache(drafter.config)
 
-    prefill_start = _now(device)
+    prefill_start = device_clock(device)
     output = target(
         input_ids,
         position_ids=position_ids[:, :num_input],
@@ -293,9 +286,9 @@ def speculative_generate(
         target_hidden = _context_features(output.hidden_states, layer_ids)
     del output
     first_token = int(first[0].item())
-    time_to_first_token = _now(device) - prefill_start
+    time_to_first_token = device_clock(device) - prefill_start
 
-    decode_start = _now(device)
+    decode_start = device_clock(device)
     acceptance_lengths: list[int] = []
     blocks: list[BlockRecord] = []
     start = num_input
@@ -359,7 +352,7 @@ def speculative_generate(
 
     end = min(start + 1, max_length)
     new_tokens = output_ids[0, num_input:end].tolist()
-    decode_time = _now(device) - decode_start
+    decode_time = device_clock(device) - decode_start
     return DecodeResult(
         new_token_ids=new_tokens,
         acceptance_lengths=acceptance_lengths,
@@ -394,14 +387,14 @@ def autoregressive_generate(
     num_input = input_ids.shape[1]
     cache = _make_cache(target.config)
 
-    prefill_start = _now(device)
+    prefill_start = device_clock(device)
     output = target(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
     token = _pick(output.logits[:, -1], temperature, generator)
     del output
     tokens = [int(token[0].item())]
-    time_to_first_token = _now(device) - prefill_start
+    time_to_first_token = device_clock(device) - prefill_start
 
-    decode_start = _now(device)
+    decode_start = device_clock(device)
     position = num_input
     stopped = tokens[0] in stops
     while len(tokens) < max_new_tokens and not stopped:
@@ -416,7 +409,7 @@ def autoregressive_generate(
         tokens.append(int(token[0].item()))
         position += 1
         stopped = tokens[-1] in stops
-    decode_time = _now(device) - decode_start
+    decode_time = device_clock(device) - decode_start
     return DecodeResult(
         new_token_ids=tokens,
         acceptance_lengths=[1] * (len(tokens) - 1),

@@ -31,8 +31,8 @@ STAGE_MODULES = {
     "generate": ("generation", "targets", "io"),
     "import": ("conversations", "io"),
     "features": ("features", "targets", "io"),
-    "train": ("training", "objectives", "online_model", "drafter", "features", "targets", "io"),
-    "evaluate": ("evaluation", "decoding", "drafter", "targets", "io"),
+    "train": ("training", "objectives", "online_model", "drafter", "features", "targets", "gpus", "io"),
+    "evaluate": ("evaluation", "decoding", "drafter", "targets", "gpus", "io"),
     "report": ("report", "tables", "figures", "io"),
 }
 

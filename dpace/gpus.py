@@ -144,3 +144,14 @@ def gpu_slot(count: int = 1, *, timeout_s: float | None = None, poll_s: float = 
 
 
 __all__ = ["gpu_slot", "lock_dir", "machine_gpu_ids", "scheduler_assigned"]
+
+
+def device_clock(device) -> float:
+    """Wall clock after ``device`` has finished its queued work (CUDA runs asynchronously, so a
+    step or a decode ends when its kernels do). Used by every timed loop: training and decoding."""
+    import torch  # lazily: the locks above must not pay for (or initialise) torch
+
+    device = torch.device(device)
+    if device.type == "cuda":
+        torch.cuda.synchronize(device)
+    return time.perf_counter()

@@ -17,7 +17,6 @@ from __future__ import annotations
 import json
 import math
 import os
-import time
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -26,6 +25,7 @@ from tqdm import tqdm
 
 from dpace.drafter import build_drafter, drafter_config, save_drafter
 from dpace.features import FeatureSet, load_features, target_hidden_states
+from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_write_json, read_partial_jsonl
 from dpace.objectives import NEEDS_TARGET_LOGITS, canonical_objective, resolve_hparams
 from dpace.online_model import ObjectiveDFlashModel
@@ -126,6 +126,12 @@ def train_drafter(
         raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
     if config.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {config.attention_backend!r}; valid: {', '.join(ATTENTION_BACKENDS)}")
+    device = torch.device(config.device)
+    if config.attention_backend == "flex_attention" and device.type != "cuda":
+        raise ValueError(
+            f"attention_backend flex_attention trains on CUDA only (PyTorch has no {device.type} backward "
+            "for it); use sdpa here"
+        )
     hparams = resolve_hparams(objective, config.block_size, **config.objective_hparams)
     if config.threads:
         torch.set_num_threads(config.threads)
@@ -136,12 +142,6 @@ def train_drafter(
     out_dir, scratch_dir = Path(out_dir), Path(scratch_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)
-    device = torch.device(config.device)
-    if config.attention_backend == "flex_attention" and device.type != "cuda":
-        raise ValueError(
-            f"attention_backend flex_attention trains on CUDA only (PyTorch has no {device.type} backward "
-            "for it); use sdpa here"
-        )
 
     features = load_features(features_dir)
     target, tokenizer = load_target(target_json, device=config.device)
@@ -218,11 +218,6 @@ def train_drafter(
     def autocast():
         return torch.autocast(device.type, dtype=PRECISIONS[config.precision], enabled=config.precision != "fp32")
 
-    def clock() -> float:
-        if device.type == "cuda":  # CUDA runs asynchronously: a step ends when its kernels do
-            torch.cuda.synchronize(device)
-        return time.perf_counter()
-
     drafter.train()
     log = JsonlAppender(steps_log)
     progress = tqdm(total=total_steps, initial=global_step, desc=f"train {objective}", unit="step")
@@ -232,7 +227,7 @@ def train_drafter(
             order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
             micro_batches = list(_batches(features, order.tolist(), config.micro_batch_size))
             while step_in_epoch < steps_per_epoch:
-                started = clock()
+                started = device_clock(device)
                 group = micro_batches[step_in_epoch * config.grad_accumulation : (step_in_epoch + 1) * config.grad_accumulation]
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum, accuracy_sum, weights = 0.0, 0.0, []
@@ -269,7 +264,7 @@ def train_drafter(
                 grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.max_grad_norm)
                 optimizer.step()
                 scheduler.step()
-                step_time = clock() - started
+                step_time = device_clock(device) - started
                 log.write({
                     "global_step": global_step,
                     "epoch": epoch + 1,
