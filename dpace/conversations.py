@@ -89,6 +89,7 @@ def import_conversations(source: str, out_path: str | Path, *, num_conversations
     rows = load_rows(source, split)
     if not rows:
         raise ValueError(f"responses source {source!r} is empty")
+    name = dataset_name(source)
     skipped = {"failed": 0, "thinking": 0, "no_exchange": 0}
     usable = []
     for index, row in enumerate(rows):
@@ -102,7 +103,7 @@ def import_conversations(source: str, out_path: str | Path, *, num_conversations
         if exchange is None:
             skipped["no_exchange"] += 1
             continue
-        usable.append({"id": str(row.get("id", f"{dataset_name(source)}-{index}")), "conversations": exchange})
+        usable.append({"id": str(row.get("id", f"{name}-{index}")), "conversations": exchange})
     if not usable:
         raise ValueError(f"responses source {source!r} has no usable conversation ({skipped})")
     chosen = sorted(random.Random(seed).sample(range(len(usable)), min(num_conversations, len(usable))))

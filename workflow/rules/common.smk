@@ -22,8 +22,8 @@ JOB_THREADS = config.get("job_threads") or workflow.cores
 SCRATCH = f"{RESULTS}/scratch"
 
 
-# Data sets imported with the target's responses already in them (targets.<t>.responses), by name.
-IMPORTED = {training_data(config, name): t["responses"] for name, t in config["targets"].items() if t.get("responses")}
+# Names of the data sets imported with the target's answers already in them (targets.<t>.responses).
+IMPORTED = sorted({training_data(config, name) for name, t in config["targets"].items() if t.get("responses")})
 
 
 def features_dir(target):

@@ -9,24 +9,19 @@ params = snakemake.params
 target = snakemake.config["targets"][snakemake.wildcards.target]
 out_dir = Path(snakemake.output.summary).parent
 gpus = int(snakemake.resources.get("gpu", 0))
+# What both backends train with, beyond the variant's own settings.
+hyperparameters = {
+    name: getattr(params, name)
+    for name in ("num_anchors", "learning_rate", "warmup_ratio", "max_grad_norm", "micro_batch_size",
+                 "grad_accumulation", "weight_decay", "objective_chunk_blocks", "seed")
+}
 
 if params.backend == "specforge":
     from dpace.specforge_backend import train_with_specforge
 
     with gpu_slot(gpus) as ids:
         summary = train_with_specforge(
-            {
-                **params.settings,
-                "num_anchors": params.num_anchors,
-                "learning_rate": params.learning_rate,
-                "warmup_ratio": params.warmup_ratio,
-                "max_grad_norm": params.max_grad_norm,
-                "micro_batch_size": params.micro_batch_size,
-                "grad_accumulation": params.grad_accumulation,
-                "weight_decay": params.weight_decay,
-                "objective_chunk_blocks": params.objective_chunk_blocks,
-                "seed": params.seed,
-            },
+            {**params.settings, **hyperparameters},
             target_json=snakemake.input.target,
             features_dir=snakemake.input.features,
             out_dir=out_dir,
@@ -50,18 +45,10 @@ elif params.backend == "local":
         config = TrainConfig(
             **params.settings,
             **mask,
-            num_anchors=params.num_anchors,
-            learning_rate=params.learning_rate,
-            warmup_ratio=params.warmup_ratio,
-            max_grad_norm=params.max_grad_norm,
-            micro_batch_size=params.micro_batch_size,
-            grad_accumulation=params.grad_accumulation,
-            weight_decay=params.weight_decay,
-            objective_chunk_blocks=params.objective_chunk_blocks,
+            **hyperparameters,
             save_every_steps=params.save_every_steps,
             precision=params.precision,
             attention_backend=params.attention_backend,
-            seed=params.seed,
             threads=snakemake.threads,
             device="cuda" if ids and torch.cuda.is_available() else "cpu",
         )
