@@ -182,6 +182,11 @@ def check_config(config: dict) -> None:
         missing = [name for name in config["data"]["benchmarks"] if name not in counts]
         if missing:
             raise ConfigError(f"data.prompts_per_benchmark: no count for benchmark(s) {missing}")
+    if config["train"].get("drafter_init", "random") != "random" and config["train"]["backend"] != "local":
+        raise ConfigError(
+            f"train.drafter_init: {config['train']['drafter_init']!r} needs train.backend local "
+            "(SpecForge initialises its drafter at random); valid with specforge: random"
+        )
     for name in config["train"].get("objective_hparams", {}):
         if name not in OBJECTIVES:
             raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(OBJECTIVES)}")

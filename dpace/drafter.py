@@ -87,6 +87,47 @@ def build_drafter(config: Qwen3Config, seed: int = 0, attention_backend: str = "
         return DFlashDraftModel(config).float()
 
 
+DRAFTER_INITS = ("random", "target", "scaled")
+
+
+def scale_fc_to_features(drafter, hidden_sample: torch.Tensor) -> None:
+    """``drafter_init: scaled``: divide each input column of ``fc`` by the RMS of that target feature.
+
+    Target hidden states carry a few massive activations (SmolLM2: 5 of 576 dimensions hold over half
+    the energy of every layer's state, at values in the hundreds). Through a randomly initialised
+    ``fc`` and its RMSNorm they make every context position look alike, and a short run spends its
+    steps unlearning them. Scaled columns give each feature dimension the same weight at step 0; the
+    architecture, and so the saved checkpoint, is unchanged.
+    """
+    rms = hidden_sample.float().pow(2).mean(dim=0).sqrt().clamp_min(1e-6)
+    if rms.shape[0] != drafter.fc.weight.shape[1]:
+        raise ValueError(f"features have {rms.shape[0]} dimensions; the drafter's fc takes {drafter.fc.weight.shape[1]}")
+    with torch.no_grad():
+        drafter.fc.weight.div_(rms.to(drafter.fc.weight.device))
+
+
+def initialise_from_target(drafter, target) -> None:
+    """``drafter_init: target``, a named deviation from the paper (which initialises at random).
+
+    The drafter's layers start as copies of the target's last ``depth`` decoder layers and its final
+    norm as the target's, and ``fc`` starts by passing through the deepest captured target feature,
+    so the first step already maps context states the way the target's top layers do. Only the
+    Qwen3 per-head q/k norms, which a Llama target lacks, keep their default (identity) weights.
+    """
+    target_layers = target.model.layers[-len(drafter.layers):]
+    for ours, theirs in zip(drafter.layers, target_layers, strict=True):
+        missing, unexpected = ours.load_state_dict(theirs.state_dict(), strict=False)
+        if unexpected or any(not key.startswith(("self_attn.q_norm", "self_attn.k_norm")) for key in missing):
+            raise ValueError(f"target layer does not fit the drafter layer: missing {missing}, unexpected {unexpected}")
+    drafter.norm.load_state_dict(target.model.norm.state_dict())
+    hidden = drafter.fc.weight.shape[0]
+    with torch.no_grad():
+        drafter.fc.weight.zero_()
+        drafter.fc.weight[:, -hidden:] = torch.eye(hidden)
+        if drafter.fc.bias is not None:
+            drafter.fc.bias.zero_()
+
+
 def save_drafter(model, path: str | Path) -> None:
     """Save in the HF layout that ``dflash.model.DFlashDraftModel.from_pretrained`` reads."""
     model.save_pretrained(str(path), safe_serialization=True)

@@ -133,6 +133,24 @@ def _warm_up(target, drafter, tokenizer, stops, text, temperatures, verification
                              temperature=temperature, verification=verification, generator=generator)
 
 
+def evaluation_plan(
+    benchmarks: dict[str, list[dict]], temperatures, sampled_prompts: int | None = None
+) -> list[tuple[str, float, int, dict]]:
+    """(benchmark, temperature, prompt index, row) for every request to decode, benchmark by benchmark.
+
+    Every prompt at T = 0; at T > 0 only the first ``sampled_prompts`` of each benchmark (None: all),
+    because sampled decoding is the costlier and noisier half of a CPU evaluation. Every drafter gets
+    the same plan, so comparisons between drafters stay paired.
+    """
+    return [
+        (name, float(temperature), index, row)
+        for name, rows in benchmarks.items()
+        for temperature in temperatures
+        for index, row in enumerate(rows)
+        if float(temperature) == 0 or sampled_prompts is None or index < sampled_prompts
+    ]
+
+
 def summarize(records: Iterable[dict]) -> list[dict]:
     """One summary row per (benchmark, temperature, verification), DFlash's definitions."""
     groups: dict[tuple, list[dict]] = {}
@@ -174,6 +192,14 @@ def summarize(records: Iterable[dict]) -> list[dict]:
             "greedy_diverged_requests": diverged,
             "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, ...}
             "acceptance_histogram": histogram,
+            # Per request, for paired bootstrap intervals between drafters (dpace.intervals).
+            "requests": [
+                {"id": record["id"], "turn": turn["turn"],
+                 "tau": statistics.fmean(turn["acceptance_lengths"]) if turn["acceptance_lengths"] else None,
+                 "ar_tpot_s": turn["ar"]["time_per_output_token_s"],
+                 "spec_tpot_s": turn["spec"]["time_per_output_token_s"]}
+                for record in group for turn in record["turns"]
+            ],
         })
     return rows
 
@@ -210,6 +236,7 @@ def evaluate_drafter(
     check_greedy: bool = True,
     device: str = "cpu",
     dtype: str | torch.dtype = "float32",
+    sampled_prompts: int | None = None,
 ) -> list[dict]:
     """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
 
@@ -227,14 +254,12 @@ def evaluate_drafter(
                 f"{records_path} holds records made with max_new_tokens={record['max_new_tokens']}, "
                 f"seed={record['seed']}; this run asks for {max_new_tokens}, {seed}: use a new records file"
             )
-    todo = {
-        (name, temperature): [
-            (index, row) for index, row in enumerate(rows)
-            if _record_key(name, temperature, verification, row["id"]) not in done
-        ]
-        for name, rows in benchmarks.items()
-        for temperature in temperatures
-    }
+    plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
+    todo: dict[tuple[str, float], list[tuple[int, dict]]] = {}
+    for name, temperature, index, row in plan:
+        pending = todo.setdefault((name, temperature), [])
+        if _record_key(name, temperature, verification, row["id"]) not in done:
+            pending.append((index, row))
 
     if any(todo.values()):
         target, tokenizer = load_target(target_json, device=device, dtype=dtype)
@@ -245,7 +270,7 @@ def evaluate_drafter(
         _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device)
         with JsonlAppender(records_path) as appender:
             for (name, temperature), pending in todo.items():
-                total = len(benchmarks[name])
+                total = sum(1 for b, t, _, _ in plan if (b, t) == (name, temperature))
                 bar = tqdm(pending, total=total, initial=total - len(pending), desc=f"{name} T={temperature:g}",
                            unit="prompt")
                 for index, row in bar:
@@ -258,8 +283,7 @@ def evaluate_drafter(
                     records.append(record)
                 bar.close()
 
-    wanted = {_record_key(name, t, verification, row["id"]) for name, rows in benchmarks.items()
-              for t in temperatures for row in rows}
+    wanted = {_record_key(name, t, verification, row["id"]) for name, t, _, row in plan}
     selected = {}
     for r in records:  # first record per prompt wins; other runs' records in the file are left out
         key = _record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])

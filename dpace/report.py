@@ -8,6 +8,7 @@ from pathlib import Path
 
 import pandas as pd
 
+from dpace.intervals import group_comparisons
 from dpace.io import atomic_write_text
 
 METRIC_COLUMNS = [
@@ -24,10 +25,13 @@ def _eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
     return target, variant, int(epoch_dir.removeprefix("epoch-")), suite
 
 
-def group_metrics(variants: list[dict], summary_paths: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
-    """One row per (variant, epoch, suite, benchmark, temperature), and every per-block record."""
+def group_metrics(
+    variants: list[dict], summary_paths: list[str]
+) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
+    """One row per (variant, epoch, suite, benchmark, temperature), every per-block record, and the
+    paired bootstrap comparison of every drafter with the group's DFlash drafter (``dpace.intervals``)."""
     meta = {(v["target"], v["variant"]): v for v in variants}
-    rows, blocks = [], []
+    rows, blocks, requests = [], [], []
     for path in summary_paths:
         target, variant_id, epoch, suite = _eval_location(path)
         info = meta[(target, variant_id)]
@@ -53,6 +57,7 @@ def group_metrics(variants: list[dict], summary_paths: list[str]) -> tuple[pd.Da
                 if key in result:
                     row[key] = result[key]
             rows.append(row)
+            requests.append(result.get("requests"))
         block_file = Path(path).with_name("blocks.csv")
         if block_file.exists() and block_file.stat().st_size > 0:
             frame = pd.read_csv(block_file)
@@ -63,13 +68,17 @@ def group_metrics(variants: list[dict], summary_paths: list[str]) -> tuple[pd.Da
             blocks.append(frame)
     metrics = pd.DataFrame(rows, columns=METRIC_COLUMNS)
     block_frame = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
-    return metrics, block_frame
+    with_requests = metrics.assign(requests=requests)
+    comparisons = group_comparisons(with_requests[with_requests["requests"].notna()])
+    return metrics, block_frame, comparisons
 
 
-def write_group_metrics(variants, summary_paths, *, metrics_csv, blocks_csv) -> None:
-    metrics, blocks = group_metrics(variants, list(summary_paths))
+def write_group_metrics(variants, summary_paths, *, metrics_csv, blocks_csv, comparisons_csv=None) -> None:
+    metrics, blocks, comparisons = group_metrics(variants, list(summary_paths))
     atomic_write_text(metrics_csv, metrics.to_csv(index=False))
     atomic_write_text(blocks_csv, blocks.to_csv(index=False))
+    if comparisons_csv is not None:
+        atomic_write_text(comparisons_csv, comparisons.to_csv(index=False))
 
 
 def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.DataFrame, pd.DataFrame]:
@@ -115,12 +124,17 @@ def _shallowest_main(metrics: pd.DataFrame, objective: str) -> str:
     return rows.sort_values(["depth", "block_size"]).iloc[0]["variant"]
 
 
-def render_artifact(name: str, *, metrics=(), blocks=None, train_steps=None, train_runs=None, out, out_png=None) -> None:
+def render_artifact(
+    name: str, *, metrics=(), comparisons=(), blocks=None, train_steps=None, train_runs=None, out, out_png=None
+) -> None:
     """Render one table (LaTeX) or figure (PDF + PNG) of the paper from the tidy CSVs."""
     from dpace import figures, tables
 
     metrics_frame = read_metrics(metrics) if metrics else None
-    if name == "table_training_time":
+    comparisons_frame = read_metrics(comparisons) if comparisons else None
+    if name == "table_main":
+        text = tables.table_main(metrics_frame, comparisons=comparisons_frame)
+    elif name == "table_training_time":
         text = tables.table_training_time(pd.read_csv(train_runs), metrics=metrics_frame)
     elif name == "table_correlation":
         variant = _shallowest_main(metrics_frame, "dflash")

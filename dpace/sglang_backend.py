@@ -282,9 +282,10 @@ def evaluate_sglang(
     blocks_path,
     log_dir,
     startup_timeout_s: float = 1800.0,
+    sampled_prompts: int | None = None,
 ) -> list[dict]:
     """Evaluate a drafter with SGLang's DFLASH speculative decoding; same outputs as the local backend."""
-    from dpace.evaluation import BLOCK_COLUMNS, load_benchmark
+    from dpace.evaluation import BLOCK_COLUMNS, evaluation_plan, load_benchmark
     from dpace.targets import _resolve, chat_prompt_ids, load_tokenizer, stop_token_ids
 
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
@@ -295,8 +296,7 @@ def evaluate_sglang(
     stops = stop_token_ids(tokenizer)
     records_path, log_dir = Path(records_path), Path(log_dir)
     spec_path = Path(f"{records_path}.spec")
-    wanted = [(name, t, index, row) for name, rows in benchmarks.items() for t in temperatures
-              for index, row in enumerate(rows)]
+    wanted = evaluation_plan(benchmarks, temperatures, sampled_prompts)
 
     def check(rows, path):
         for r in rows:

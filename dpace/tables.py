@@ -380,10 +380,26 @@ def _join_words(items: Sequence[str]) -> str:
 # --------------------------------------------------------------------------------------------
 
 
-def table_main(metrics: pd.DataFrame, *, epoch: int | None = None) -> str:
+SIGNIFICANT = r"$^{\dagger}$"
+
+
+def significant_differences(comparisons: pd.DataFrame | None, group: str, epoch: int) -> set[tuple]:
+    """(objective, depth, temperature, metric) whose average over benchmarks differs significantly
+    from the group's DFlash drafter (95% paired bootstrap interval without 0; ``dpace.intervals``)."""
+    if comparisons is None or comparisons.empty:
+        return set()
+    rows = comparisons[(comparisons["group"] == group) & (comparisons["benchmark"] == "avg")
+                       & (comparisons["epoch"].astype(int) == int(epoch)) & comparisons["significant"].astype(bool)]
+    return {(r.objective, int(r.depth), float(r.temperature), r.metric) for r in rows.itertuples()}
+
+
+def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: pd.DataFrame | None = None) -> str:
     """Table 1 (``tab:main``): SR and tau per benchmark and their average, rows objective x depth x
-    temperature, from the final epoch of group ``main``; best per column within each (T, depth)."""
+    temperature, from the final epoch of group ``main``; best per column within each (T, depth).
+    With ``comparisons`` (``dpace.intervals.group_comparisons``), an average that differs significantly
+    from DFlash's is marked with a dagger."""
     df = _final_epoch(_group_rows(_prepared(metrics), "main"), epoch, "group 'main'")
+    significant = significant_differences(comparisons, "main", int(df["epoch"].iloc[0]))
     _check_unique(df, ["objective", "depth", "temperature", "benchmark"], "group 'main'")
     benches = present_benchmarks(df)
     temps = sorted(df["temperature"].astype(float).unique())
@@ -433,6 +449,9 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None) -> str:
                 first = f"\\multirow{{{len(objs)}}}{{*}}{{{d}L}}" if ri == 0 else ""
                 name = _bold_if(objective_label(o, _k_of(sub, o)), o == "dpace")
                 cells = [first, name] + [_cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]
+                for offset, metric in ((-2, "speedup"), (-1, "tau")):
+                    if (o, int(d), float(t), metric) in significant:
+                        cells[offset] += SIGNIFICANT
                 body.append(_row(cells))
             last = ti == len(temps) - 1 and di == len(t_depths) - 1
             body.append(r"\bottomrule" if last else r"\midrule")
@@ -448,6 +467,11 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None) -> str:
         r"``Top-$k$ prefix mask'' is the hard-mask baseline adapted from GRIFFIN; ``Accept-rate'' "
         r"directly optimizes the accepted-length surrogate $\tilde S$."
     )
+    if comparisons is not None:
+        caption += (
+            f" {SIGNIFICANT}: the average differs from DFlash's at the same depth and temperature (95\\% paired "
+            "bootstrap interval over prompts excludes 0)."
+        )
     return _table(body, spec=spec, caption=caption, label="tab:main", size=r"\footnotesize",
                   tabcolsep="3.2pt", resize=True)
 

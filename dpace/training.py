@@ -23,7 +23,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dpace.drafter import build_drafter, drafter_config, save_drafter
+from dpace.drafter import (
+    DRAFTER_INITS,
+    build_drafter,
+    drafter_config,
+    initialise_from_target,
+    save_drafter,
+    scale_fc_to_features,
+)
 from dpace.features import FeatureSet, load_features, target_hidden_states
 from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_write_json, read_partial_jsonl
@@ -59,6 +66,9 @@ class TrainConfig:
     # mask instead of a dense SDPA mask, which is what keeps 512 anchors x 2048 tokens in memory.
     precision: str = "fp32"  # fp32 | bf16
     attention_backend: str = "sdpa"  # sdpa | flex_attention
+    # "random" as the paper; "target" starts the layers from the target's top layers (a named
+    # deviation for short CPU runs, applied to every objective alike: dpace.drafter.initialise_from_target).
+    drafter_init: str = "random"
 
 
 def _batches(features: FeatureSet, order: list[int], micro_batch_size: int):
@@ -124,6 +134,8 @@ def train_drafter(
     objective = canonical_objective(config.objective)
     if config.precision not in PRECISIONS:
         raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
+    if config.drafter_init not in DRAFTER_INITS:
+        raise ValueError(f"drafter_init {config.drafter_init!r}; valid: {', '.join(DRAFTER_INITS)}")
     if config.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {config.attention_backend!r}; valid: {', '.join(ATTENTION_BACKENDS)}")
     device = torch.device(config.device)
@@ -164,7 +176,14 @@ def train_drafter(
         target_layer_ids=features.layer_ids,
         mask_token_id=mask_token_id,
     )
-    drafter = build_drafter(draft_config, seed=config.seed, attention_backend=config.attention_backend).to(device)
+    drafter = build_drafter(draft_config, seed=config.seed, attention_backend=config.attention_backend)
+    if config.drafter_init == "target":
+        initialise_from_target(drafter, target)
+    elif config.drafter_init == "scaled":
+        if features.hidden is None:
+            raise ValueError("drafter_init scaled needs cached features (features.mode: cached)")
+        scale_fc_to_features(drafter, features.hidden[:: max(1, len(features.hidden) // 20000)])
+    drafter.to(device)
     model = ObjectiveDFlashModel(
         draft_model=drafter,
         target_lm_head=target.lm_head,

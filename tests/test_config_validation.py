@@ -52,6 +52,8 @@ BAD = [
     ("train.precision", "fp16", r"train\.precision: 'fp16' is not one of \['fp32', 'bf16'\]"),
     ("train.attention_backend", "flash", r"train\.attention_backend: 'flash' is not one of \['sdpa', 'flex_attention'\]"),
     ("targets.tiny.responses", "answers/sharegpt.jsonl", r"targets\.tiny\.responses: .* named like the generated set 'sharegpt'"),
+    ("eval.sampled_prompts_per_benchmark", 0, r"eval\.sampled_prompts_per_benchmark: 0 is less than the minimum of 1"),
+    ("train.drafter_init", "pretrained", r"train\.drafter_init: 'pretrained' is not one of \['random', 'target'\]"),
 ]
 
 
@@ -104,3 +106,10 @@ def test_paper_grid_expands_to_the_papers_variants():
     ids = {v.id for v in groups["main"].variants} & {v.id for v in groups["smoothing"].variants}
     assert ids == {"dpace-alpha0.5-d3-b16-e6", f"dflash-gamma{gammas[16]:g}-d3-b16-e6"}
     assert len(all_variants(PAPER)) < sum(len(g.variants) for g in groups.values())
+
+
+def test_drafter_init_from_the_target_needs_the_local_loop():
+    local = _set(SMOKE, "train.drafter_init", "target")
+    validate_config(local)
+    with pytest.raises(ConfigError, match=r"train\.drafter_init: 'target' needs train\.backend local"):
+        validate_config(_set(local, "train.backend", "specforge"))

@@ -65,3 +65,22 @@ def test_folder_that_is_not_a_drafter_is_refused(tmp_path):
     with pytest.raises(ValueError, match=r"dflash_config lacks \['target_layer_ids', 'block_size', 'mask_token_id'\]"):
         load_drafter(tmp_path)
     assert "dflash_config" not in json.loads((tmp_path / "config.json").read_text())
+
+
+def test_drafter_init_from_target_copies_its_top_layers_and_passes_the_deepest_feature():
+    from transformers import LlamaForCausalLM
+
+    from dpace.drafter import initialise_from_target
+
+    torch.manual_seed(0)
+    target = LlamaForCausalLM(TARGET)
+    drafter = build_drafter(drafter_config(TARGET, depth=2, block_size=4, target_layer_ids=[1, 3, 4], mask_token_id=95))
+    untouched_q_norm = drafter.layers[0].self_attn.q_norm.weight.clone()
+    initialise_from_target(drafter, target)
+    for ours, theirs in zip(drafter.layers, target.model.layers[-2:], strict=True):
+        for name, tensor in theirs.state_dict().items():
+            assert torch.equal(ours.state_dict()[name], tensor), name
+    assert torch.equal(drafter.norm.weight, target.model.norm.weight)
+    assert torch.equal(drafter.layers[0].self_attn.q_norm.weight, untouched_q_norm)  # Llama has no q/k norm
+    features = torch.randn(3, 3 * TARGET.hidden_size)
+    torch.testing.assert_close(drafter.fc(features), features[:, -TARGET.hidden_size:])

@@ -205,3 +205,37 @@ def test_summarize_definitions_and_first_mismatch():
     assert row["greedy_mismatches"] == 3 and row["greedy_diverged_requests"] == 1
     assert row["first_mismatch"]["id"] == "1" and row["first_mismatch"]["turn"] == 1
     assert row["first_mismatch"]["first_mismatch"] == 5 and row["num_requests"] == 3
+
+
+def test_summary_rows_carry_each_request_for_paired_intervals(first_run):
+    out, summary, _ = first_run
+    records = [json.loads(line) for line in (out / "records.jsonl").read_text().splitlines()]
+    for row in summary:
+        requests = row["requests"]
+        assert len(requests) == row["num_requests"]
+        assert row["tau"] == pytest.approx(sum(r["tau"] for r in requests) / len(requests))
+        ar = sum(r["ar_tpot_s"] for r in requests) / len(requests)
+        spec = sum(r["spec_tpot_s"] for r in requests) / len(requests)
+        assert row["speedup"] == pytest.approx(ar / spec)
+        turns = {(r["id"], t["turn"]): t for r in records if (r["benchmark"], r["temperature"]) == (row["benchmark"], row["temperature"])
+                 for t in r["turns"]}
+        for request in requests:
+            turn = turns[(request["id"], request["turn"])]
+            assert request["tau"] == pytest.approx(sum(turn["acceptance_lengths"]) / len(turn["acceptance_lengths"]))
+
+
+def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, monkeypatch):
+    root, target_json, drafter_dir, files = setup
+    decoded = []
+    original = evaluation._evaluate_prompt
+    monkeypatch.setattr(evaluation, "_evaluate_prompt", lambda row, index, name, temperature, *a, **k: decoded.append(
+        (name, temperature, row["id"])) or original(row, index, name, temperature, *a, **k))
+    summary = evaluate_drafter(
+        target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match", max_new_tokens=4,
+        seed=7, records_path=tmp_path / "records.jsonl", summary_path=tmp_path / "summary.json",
+        blocks_path=tmp_path / "blocks.csv", sampled_prompts=1,
+    )
+    assert sorted(decoded) == sorted([("gsm8k", 0.0, "g0"), ("gsm8k", 0.0, "g1"), ("gsm8k", 1.0, "g0"),
+                                      ("mt-bench", 0.0, "m0"), ("mt-bench", 0.0, "m1"), ("mt-bench", 1.0, "m0")])
+    assert {(r["benchmark"], r["temperature"]): r["num_prompts"] for r in summary} == {
+        ("gsm8k", 0.0): 2, ("gsm8k", 1.0): 1, ("mt-bench", 0.0): 2, ("mt-bench", 1.0): 1}

@@ -101,6 +101,33 @@ def test_table_main(metrics):
     assert rows[6][2:4] == ["0.77", "1.04"]
 
 
+def test_table_main_marks_only_significant_average_differences(metrics):
+    comparisons = pd.DataFrame([
+        # significant: T=0, 1L D-PACE tau and Accept-rate SR; not significant: T=1 D-PACE tau
+        {"group": "main", "epoch": 2, "benchmark": "avg", "objective": "dpace", "depth": 1, "temperature": 0.0,
+         "metric": "tau", "significant": True},
+        {"group": "main", "epoch": 2, "benchmark": "avg", "objective": "accept-rate", "depth": 2, "temperature": 0.0,
+         "metric": "speedup", "significant": True},
+        {"group": "main", "epoch": 2, "benchmark": "avg", "objective": "dpace", "depth": 1, "temperature": 1.0,
+         "metric": "tau", "significant": False},
+        # other epochs, groups and per-benchmark rows never mark Table 1's averages
+        {"group": "main", "epoch": 1, "benchmark": "avg", "objective": "topk-prefix", "depth": 1, "temperature": 0.0,
+         "metric": "tau", "significant": True},
+        {"group": "extras", "epoch": 2, "benchmark": "avg", "objective": "topk-prefix", "depth": 1,
+         "temperature": 0.0, "metric": "tau", "significant": True},
+        {"group": "main", "epoch": 2, "benchmark": "gsm8k", "objective": "topk-prefix", "depth": 1,
+         "temperature": 0.0, "metric": "tau", "significant": True},
+    ])
+    plain = check_structure(tables.table_main(metrics), n_data=16, n_cols=16, label="tab:main")
+    marked_latex = tables.table_main(metrics, comparisons=comparisons)
+    marked = check_structure(marked_latex, n_data=16, n_cols=16, label="tab:main")
+    dagger = tables.SIGNIFICANT
+    changed = {(i, j) for i, (a, b) in enumerate(zip(plain, marked, strict=True)) for j in range(len(a)) if a[j] != b[j]}
+    assert changed == {(3, 15), (6, 14)}  # T=0 1L D-PACE avg tau; T=0 2L Accept-rate avg SR
+    assert marked[3][15] == plain[3][15] + dagger and marked[6][14] == plain[6][14] + dagger
+    assert "paired bootstrap" in marked_latex and "paired bootstrap" not in tables.table_main(metrics)
+
+
 def test_table_main_missing_benchmark_gives_dashes(metrics):
     drop = (metrics["variant"] == "main-dflash-d1") & (metrics["temperature"] == 0) & (metrics["benchmark"] == "alpaca")
     latex = tables.table_main(metrics[~drop])

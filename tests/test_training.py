@@ -160,3 +160,23 @@ def test_unsupported_precision_or_attention_is_refused_before_training(tmp_path,
     with pytest.raises(ValueError, match=r"flex_attention trains on CUDA only .* use sdpa here"):
         train_drafter(small_config(attention_backend="flex_attention"), **kwargs)
     assert not (tmp_path / "run" / "steps.jsonl").exists()
+
+
+def test_drafter_init_target_starts_training_from_the_targets_top_layer(tmp_path, tiny_target_json, features_dir):
+    from dpace.targets import load_target
+
+    target, _ = load_target(tiny_target_json)
+    top = target.model.layers[-1].state_dict()
+    trained = {}
+    for init in ("random", "target"):
+        # A learning rate so small that one epoch leaves the weights where they started.
+        train_drafter(small_config(epochs=1, learning_rate=1e-12, drafter_init=init), target_json=tiny_target_json,
+                      features_dir=features_dir, out_dir=tmp_path / init, scratch_dir=tmp_path / f"scratch-{init}")
+        trained[init] = weights(tmp_path / init / "epoch-1")
+    for name, tensor in top.items():
+        torch.testing.assert_close(trained["target"][f"layers.0.{name}"], tensor, rtol=0, atol=1e-9)
+        if name.endswith("proj.weight"):  # a random target's norms are ones, as a fresh drafter's
+            assert not torch.allclose(trained["random"][f"layers.0.{name}"], tensor), name
+    with pytest.raises(ValueError, match="drafter_init 'pretrained'"):
+        train_drafter(small_config(drafter_init="pretrained"), target_json=tiny_target_json, features_dir=features_dir,
+                      out_dir=tmp_path / "bad", scratch_dir=tmp_path / "scratch-bad")

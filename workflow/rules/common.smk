@@ -94,7 +94,11 @@ def report_targets():
 
 def artifact_inputs(name):
     spec = ARTIFACTS[name]
-    inputs = {"metrics": [f"{RESULTS}/metrics/{g}.csv" for g in spec["groups"] if g in EXPERIMENTS]}
+    groups = [g for g in spec["groups"] if g in EXPERIMENTS]
+    inputs = {
+        "metrics": [f"{RESULTS}/metrics/{g}.csv" for g in groups],
+        "comparisons": [f"{RESULTS}/metrics/{g}_comparisons.csv" for g in groups],
+    }
     if spec.get("blocks"):
         # The local decoder records per-block q with every evaluation; SGLang does not (local_blocks).
         local = config["eval"]["backend"] == "local"

@@ -32,6 +32,7 @@ rule evaluate:
         temperatures=lambda wildcards: SUITES[wildcards.suite]["temperatures"],
         verification=config["eval"]["verification"],
         max_new_tokens=config["eval"]["max_new_tokens"],
+        sampled_prompts=config["eval"].get("sampled_prompts_per_benchmark"),
         seed=config["seed"],
         backend=lambda wildcards: SUITES[wildcards.suite].get("backend", config["eval"]["backend"]),
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",

@@ -12,6 +12,7 @@ rule group_metrics:
     output:
         metrics=f"{RESULTS}/metrics/{{group}}.csv",
         blocks=f"{RESULTS}/metrics/{{group}}_blocks.csv",
+        comparisons=f"{RESULTS}/metrics/{{group}}_comparisons.csv",
     log:
         f"{RESULTS}/logs/report/metrics_{{group}}.log",
     benchmark:

@@ -26,6 +26,7 @@ rule train_drafter:
         save_every_steps=config["train"].get("save_every_steps", 50),
         precision=config["train"].get("precision", "fp32"),
         attention_backend=config["train"].get("attention_backend", "sdpa"),
+        drafter_init=config["train"].get("drafter_init", "random"),
         seed=config["seed"],
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",

@@ -11,6 +11,7 @@ common = dict(
     temperatures=params.temperatures,
     verification=params.verification,
     max_new_tokens=params.max_new_tokens,
+    sampled_prompts=params.sampled_prompts,
     seed=params.seed,
     records_path=params.records,
     summary_path=snakemake.output.summary,

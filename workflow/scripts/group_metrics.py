@@ -9,4 +9,5 @@ write_group_metrics(
     snakemake.input.summaries,
     metrics_csv=snakemake.output.metrics,
     blocks_csv=snakemake.output.blocks,
+    comparisons_csv=snakemake.output.get("comparisons"),
 )

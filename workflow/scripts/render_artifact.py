@@ -9,6 +9,7 @@ inputs = snakemake.input
 render_artifact(
     name,
     metrics=list(inputs.metrics),
+    comparisons=list(inputs.get("comparisons", [])),
     blocks=inputs.get("blocks"),
     train_steps=inputs.get("train_steps"),
     train_runs=inputs.get("train_runs"),

@@ -49,6 +49,7 @@ elif params.backend == "local":
             save_every_steps=params.save_every_steps,
             precision=params.precision,
             attention_backend=params.attention_backend,
+            drafter_init=params.drafter_init,
             threads=snakemake.threads,
             device="cuda" if ids and torch.cuda.is_available() else "cpu",
         )

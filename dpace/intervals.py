@@ -1,0 +1,136 @@
+"""Paired bootstrap confidence intervals for the difference between two drafters.
+
+Every drafter of an experiment group is evaluated on the same prompts, so a comparison resamples
+prompts (within each benchmark, with replacement) and applies the same resample to both drafters:
+the prompt-to-prompt spread, which both share, cancels out of the difference. The statistic is the
+one the tables print: per benchmark, tau = mean over requests of the per-request mean emitted length
+and SR = mean AR time per output token / mean speculative time per output token; "avg" is their mean
+over the benchmarks. A difference is *significant* when its 95% percentile interval excludes 0.
+"""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+import pandas as pd
+
+METRICS = ("tau", "speedup")
+COMPARISON_COLUMNS = [
+    "target", "group", "epoch", "suite", "temperature", "depth", "block_size", "variant", "objective",
+    "reference_variant", "metric", "benchmark", "value", "reference_value", "difference",
+    "relative_difference", "ci_low", "ci_high", "significant", "num_prompts", "resamples",
+]
+
+
+def _prompt_sums(requests: Sequence[dict], prompt_ids: Sequence[str]) -> np.ndarray:
+    """Per prompt: [requests with a tau, sum of tau, sum of AR tpot, sum of speculative tpot].
+
+    SR is a ratio of mean times over the same requests, so sums suffice; a request without emitted
+    blocks (tau None) still counts in the times, as in ``dpace.evaluation.summarize``.
+    """
+    index = {prompt_id: i for i, prompt_id in enumerate(prompt_ids)}
+    sums = np.zeros((len(prompt_ids), 4))
+    for request in requests:
+        has_tau = request["tau"] is not None
+        sums[index[str(request["id"])]] += (
+            float(has_tau), request["tau"] if has_tau else 0.0, request["ar_tpot_s"], request["spec_tpot_s"])
+    return sums
+
+
+def _statistics(sums: np.ndarray) -> dict[str, np.ndarray]:
+    """tau and SR from summed prompt rows; ``sums`` is [..., prompts, 4], the result [...]."""
+    total = sums.sum(axis=-2)
+    with np.errstate(invalid="ignore", divide="ignore"):  # a resample of prompts without any tau: NaN
+        return {"tau": total[..., 1] / total[..., 0], "speedup": total[..., 2] / total[..., 3]}
+
+
+def paired_bootstrap(
+    requests: dict[str, Sequence[dict]],
+    reference_requests: dict[str, Sequence[dict]],
+    *,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> list[dict]:
+    """Differences (drafter - reference) with percentile intervals, per benchmark and averaged.
+
+    ``requests[benchmark]`` lists one dict per request (``id`` of its prompt, ``tau``, ``ar_tpot_s``,
+    ``spec_tpot_s``); both drafters must have answered exactly the same prompts of each benchmark.
+    """
+    if set(requests) != set(reference_requests):
+        raise ValueError(f"benchmarks differ: {sorted(requests)} vs {sorted(reference_requests)}")
+    generator = np.random.default_rng(seed)
+    tail = (1.0 - level) / 2.0
+    rows, resampled_differences, point_values = [], {m: [] for m in METRICS}, {m: [] for m in METRICS}
+    for benchmark in sorted(requests):
+        prompt_ids = sorted({str(r["id"]) for r in requests[benchmark]})
+        reference_ids = sorted({str(r["id"]) for r in reference_requests[benchmark]})
+        if prompt_ids != reference_ids:
+            raise ValueError(f"{benchmark}: the two drafters were evaluated on different prompts")
+        ours = _prompt_sums(requests[benchmark], prompt_ids)
+        theirs = _prompt_sums(reference_requests[benchmark], prompt_ids)
+        # One index matrix for both drafters: that is what makes the bootstrap paired.
+        draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
+        ours_point, theirs_point = _statistics(ours), _statistics(theirs)
+        ours_boot, theirs_boot = _statistics(ours[draws]), _statistics(theirs[draws])
+        for metric in METRICS:
+            differences = ours_boot[metric] - theirs_boot[metric]
+            resampled_differences[metric].append(differences)
+            point_values[metric].append((ours_point[metric], theirs_point[metric]))
+            rows.append(_row(benchmark, metric, ours_point[metric], theirs_point[metric], differences, tail,
+                             len(prompt_ids), resamples))
+    for metric in METRICS:
+        ours_avg, theirs_avg = np.mean(point_values[metric], axis=0)
+        differences = np.mean(resampled_differences[metric], axis=0)
+        prompts = sum(row["num_prompts"] for row in rows if row["metric"] == metric)
+        rows.append(_row("avg", metric, ours_avg, theirs_avg, differences, tail, prompts, resamples))
+    return rows
+
+
+def _row(benchmark, metric, value, reference, differences, tail, prompts, resamples) -> dict:
+    low, high = np.quantile(differences, [tail, 1.0 - tail])
+    return {
+        "metric": metric,
+        "benchmark": benchmark,
+        "value": float(value),
+        "reference_value": float(reference),
+        "difference": float(value - reference),
+        "relative_difference": float((value - reference) / reference),
+        "ci_low": float(low),
+        "ci_high": float(high),
+        "significant": bool(low > 0 or high < 0),
+        "num_prompts": int(prompts),
+        "resamples": int(resamples),
+    }
+
+
+def group_comparisons(
+    evaluations: pd.DataFrame, *, reference_objective: str = "dflash", resamples: int = 2000, seed: int = 0
+) -> pd.DataFrame:
+    """Every drafter against the group's reference drafter of the same target, depth, block size, epoch,
+    suite and temperature (Table 1's DFlash row for each D-PACE row, and so on).
+
+    ``evaluations`` has one row per (variant, epoch, suite, benchmark, temperature) with the metrics
+    columns and ``requests`` (the per-request list of that evaluation's summary row).
+    """
+    keys = ["target", "group", "epoch", "suite", "temperature", "depth", "block_size"]
+    rows = []
+    for key, cell in evaluations.groupby(keys, sort=True, dropna=False):
+        reference = cell[cell["objective"] == reference_objective]
+        if reference["variant"].nunique() != 1:
+            continue  # no single reference in this cell: nothing to compare against
+        reference_variant = reference["variant"].iloc[0]
+        reference_requests = dict(zip(reference["benchmark"], reference["requests"], strict=True))
+        for variant, drafter in cell[cell["variant"] != reference_variant].groupby("variant", sort=True):
+            drafter_requests = dict(zip(drafter["benchmark"], drafter["requests"], strict=True))
+            common = sorted(set(drafter_requests) & set(reference_requests))
+            for result in paired_bootstrap(
+                {b: drafter_requests[b] for b in common}, {b: reference_requests[b] for b in common},
+                resamples=resamples, seed=seed,
+            ):
+                rows.append({
+                    **dict(zip(keys, key, strict=True)), "variant": variant,
+                    "objective": drafter["objective"].iloc[0], "reference_variant": reference_variant, **result,
+                })
+    return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
