@@ -62,6 +62,19 @@ class FeatureSet:
     def __len__(self) -> int:
         return len(self.offsets) - 1
 
+    def select(self, indices) -> FeatureSet:
+        """The sequences ``indices``, in that order, as a new set (e.g. a held-out split)."""
+        spans = [(int(self.offsets[i]), int(self.offsets[i + 1])) for i in indices]
+        lengths = torch.tensor([0] + [end - start for start, end in spans])
+
+        def take(tensor):
+            return None if tensor is None else torch.cat([tensor[start:end] for start, end in spans])
+
+        return FeatureSet(
+            input_ids=take(self.input_ids), loss_mask=take(self.loss_mask), offsets=lengths.cumsum(0),
+            hidden=take(self.hidden), last_hidden=take(self.last_hidden), layer_ids=list(self.layer_ids),
+        )
+
     def sequence(self, index: int) -> dict:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
         item = {

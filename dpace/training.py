@@ -121,7 +121,7 @@ def train_drafter(
     config: TrainConfig,
     *,
     target_json: str | Path,
-    features_dir: str | Path,
+    features_dir: str | Path | FeatureSet,
     out_dir: str | Path,
     scratch_dir: str | Path,
     stop_after_steps: int | None = None,
@@ -155,7 +155,7 @@ def train_drafter(
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)
 
-    features = load_features(features_dir)
+    features = features_dir if isinstance(features_dir, FeatureSet) else load_features(features_dir)
     target, tokenizer = load_target(target_json, device=config.device)
     mask_token_id = config.mask_token_id
     if mask_token_id is None:

@@ -1,0 +1,138 @@
+"""Learning curve of a drafter: held-out teacher-forced tau proxy and accuracy after every epoch.
+
+Trains with ``dpace.training.train_drafter`` on all but the last ``--heldout`` sequences of a cached
+feature set (a run's ``results/features/<target>/<set>/``), then scores each epoch's checkpoint on the
+held-out sequences with the training wrapper in eval mode: per block, 1 + the number of leading
+positions whose argmax is the target's token (the T=0 emitted length if the target's answer were the
+context, which it is at T=0), the per-position accuracy, and the mean q of the target's token.
+
+    python benchmarks/learning_curve.py --run-dir results --name dflash-e6 --epochs 6
+    python benchmarks/learning_curve.py --plot docs/learning-curve.png      # every recorded curve
+
+Each run appends one JSON line to ``--record`` (default ``benchmarks/learning_curves.jsonl``).
+"""
+
+from __future__ import annotations
+
+import argparse
+import json
+import time
+from pathlib import Path
+
+import torch
+
+
+def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_anchors: int = 64, seed: int = 123) -> dict:
+    from safetensors.torch import load_file
+    from transformers import Qwen3Config
+
+    from dpace.drafter import build_drafter
+    from dpace.online_model import ObjectiveDFlashModel
+    from dpace.training import _batches
+
+    config = Qwen3Config.from_pretrained(str(checkpoint))
+    drafter = build_drafter(config)
+    drafter.load_state_dict(load_file(str(checkpoint / "model.safetensors")))
+    model = ObjectiveDFlashModel(
+        draft_model=drafter, target_lm_head=target.lm_head, target_embed_tokens=target.get_input_embeddings(),
+        mask_token_id=config.dflash_config["mask_token_id"], block_size=block_size, num_anchors=num_anchors,
+        objective="dflash",
+    ).eval()
+    torch.manual_seed(seed)  # the same anchors for every checkpoint
+    sums: dict[str, list] = {}
+    with torch.no_grad():
+        for batch in _batches(features, list(range(len(features))), 4):
+            _, _, metrics = model(input_ids=batch["input_ids"], hidden_states=batch["hidden"], loss_mask=batch["loss_mask"])
+            for name, (numerator, denominator) in metrics["ratio_metrics"].items():
+                total = sums.setdefault(name, [0, 0])
+                total[0], total[1] = total[0] + numerator, total[1] + denominator
+    ratio = {name: numerator / denominator for name, (numerator, denominator) in sums.items()}
+    return {
+        "tau_proxy": float(ratio["expected_emitted_length"]),
+        "accuracy": float(ratio["acc"]),
+        "q_per_position": [round(float(q), 4) for q in ratio["q_per_position"][1:]],
+    }
+
+
+def run(args) -> dict:
+    from dpace.features import load_features
+    from dpace.targets import load_target
+    from dpace.training import TrainConfig, train_drafter
+
+    run_dir = Path(args.run_dir)
+    target_json = run_dir / "targets" / args.target / "target.json"
+    features = load_features(run_dir / "features" / args.target / args.dataset)
+    split = len(features) - args.heldout
+    train_set, heldout = features.select(range(split)), features.select(range(split, len(features)))
+    hparams = {"alpha": 0.5} if args.objective.startswith("dpace") else {}
+    config = TrainConfig(
+        objective=args.objective, objective_hparams=hparams, depth=args.depth, block_size=args.block_size,
+        num_anchors=args.num_anchors, epochs=args.epochs, learning_rate=args.learning_rate,
+        precision=args.precision, drafter_init=args.drafter_init, threads=args.threads, save_every_steps=10**9,
+    )
+    out = Path(args.work_dir) / args.name
+    started = time.perf_counter()
+    summary = train_drafter(config, target_json=target_json, features_dir=train_set, out_dir=out,
+                            scratch_dir=out / "scratch")
+    wall = time.perf_counter() - started
+    target, _ = load_target(target_json)
+    steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
+    curve = []
+    for epoch in range(1, args.epochs + 1):
+        minutes = sum(s["step_time_s"] for s in steps if s["epoch"] <= epoch) / 60
+        scores = heldout_scores(out / f"epoch-{epoch}", target, heldout, block_size=args.block_size)
+        curve.append({"epoch": epoch, "train_minutes": round(minutes, 3), **scores})
+        print(json.dumps(curve[-1]), flush=True)
+    record = {
+        "name": args.name, "config": {k: v for k, v in vars(args).items() if k not in ("plot", "record")},
+        "train_sequences": split, "heldout_sequences": args.heldout, "steps": summary["steps"],
+        "time_per_step_s": summary["time_per_step_s"], "wall_s": wall, "curve": curve,
+    }
+    with open(args.record, "a") as handle:
+        handle.write(json.dumps(record) + "\n")
+    return record
+
+
+def plot(record_path: str, out: str) -> None:
+    import matplotlib
+
+    matplotlib.use("Agg")
+    import matplotlib.pyplot as plt
+
+    records = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
+    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    for record in records:
+        minutes = [0.0] + [point["train_minutes"] for point in record["curve"]]
+        left.plot(minutes, [1.0] + [p["tau_proxy"] for p in record["curve"]], marker="o", label=record["name"])
+        right.plot(minutes, [0.0] + [p["accuracy"] for p in record["curve"]], marker="o", label=record["name"])
+    left.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out tau proxy (T=0, teacher-forced)")
+    right.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out accuracy (positions 1..B-1)")
+    left.legend(fontsize=7)
+    fig.tight_layout()
+    fig.savefig(out, dpi=130)
+
+
+if __name__ == "__main__":
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", default="results")
+    parser.add_argument("--target", default="smollm2-135m")
+    parser.add_argument("--dataset", default="sharegpt")
+    parser.add_argument("--heldout", type=int, default=32)
+    parser.add_argument("--name", default="dflash")
+    parser.add_argument("--objective", default="dflash")
+    parser.add_argument("--depth", type=int, default=1)
+    parser.add_argument("--block-size", type=int, default=8)
+    parser.add_argument("--num-anchors", type=int, default=32)
+    parser.add_argument("--epochs", type=int, default=2)
+    parser.add_argument("--learning-rate", type=float, default=6e-4)
+    parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--drafter-init", default="random")
+    parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--work-dir", default="/tmp/dpace-learning-curve")
+    parser.add_argument("--record", default=str(Path(__file__).with_name("learning_curves.jsonl")))
+    parser.add_argument("--plot", help="write a figure of every curve in --record to this path, and exit")
+    arguments = parser.parse_args()
+    if arguments.plot:
+        plot(arguments.record, arguments.plot)
+    else:
+        run(arguments)
