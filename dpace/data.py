@@ -49,7 +49,8 @@ BENCHMARKS: dict[str, Benchmark] = {
 }
 
 TRAIN_SETS: dict[str, tuple[tuple[str, ...], str]] = {
-    "sharegpt": (("anon8231489123/ShareGPT_Vicuna_unfiltered",), "train"),
+    # The id SpecForge's scripts/prepare_data.py loads for --dataset sharegpt (DFlash trains with SpecForge).
+    "sharegpt": (("Aeala/ShareGPT_Vicuna_unfiltered",), "train"),
     "codealpaca": (("sahil280114/codealpaca",), "train"),
 }
 
