@@ -13,7 +13,7 @@ from dpace.io import atomic_write_text
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "group", "objective", "depth", "block_size", "alpha", "k", "gamma",
     "normalize", "epoch", "suite", "benchmark", "temperature", "verification", "tau", "speedup",
-    "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches",
+    "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches", "greedy_ties", "greedy_failures",
 ]
 
 
