@@ -144,7 +144,7 @@ def test_changing_one_hyperparameter_plans_only_that_variant(smoke_run):
 
 
 EXPECTED_ARTIFACTS = [
-    "table_main.tex", "table_cross_model.tex", "table_ablation.tex", "table_smoothing.tex", "table_block_size.tex",
+    "table_main.tex", "table_cross_model.tex", "table_ablation.tex", "table_block_size.tex", "table_smoothing.tex",
     "table_target_prob.tex", "table_training_time.tex", "table_correlation.tex", "table_objectives_extra.tex",
     "table_normalization.tex", "fig_motivation.pdf", "fig_weight_dynamics.pdf", "fig_tau_trajectory.pdf",
 ]
