@@ -168,3 +168,17 @@ def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target
         assert row["conversations"][1] == {"role": "assistant", "content": expected}
     with pytest.raises(ValueError, match=r"unknown generation dtype 'float16'; valid: float32, bfloat16"):
         generate_responses(tiny_target_json, prompts, tmp_path / "x.jsonl", dtype="float16")
+
+
+def test_random_target_takes_a_saved_tokenizer_folder_without_the_gguf_package(tmp_path, monkeypatch):
+    import dpace.targets as targets
+
+    folder = targets.save_embedded_tokenizer(tmp_path / "tokenizer")
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 10_000_000  # carried to a GPU machine
+    reference = targets.embedded_tokenizer()
+    monkeypatch.setattr(targets, "embedded_tokenizer", lambda: pytest.fail("the GGUF tokenizer was loaded"))
+    spec = {"source": "random", "num_layers": 2, "hidden_size": 32, "intermediate_size": 64, "tokenizer": str(folder)}
+    target_json = targets.prepare_target(spec, tmp_path / "target")
+    _, tokenizer = load_target(target_json)
+    messages = [{"role": "user", "content": "Hello there, how are you?"}]
+    assert chat_prompt_ids(tokenizer, messages) == chat_prompt_ids(reference, messages)
