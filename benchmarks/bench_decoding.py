@@ -5,6 +5,14 @@ not depend on how good the drafter is: a randomly initialised drafter is enough 
 
     python benchmarks/bench_decoding.py                       # SmolLM2-135M, 1-layer drafter, B=8
     python benchmarks/bench_decoding.py --target-json results/targets/smollm2/target.json
+    # the H200 comparison in docs/gpu.md: Qwen3-4B-shaped bf16 target (random weights), 3L B=16 drafter
+    python benchmarks/bench_decoding.py --preset qwen3-4b --device cuda --dtype bfloat16 --e2e-only
+
+With ``--preset`` the target is a randomly initialised Qwen3 of that shape (no download, no tokenizer:
+the prompt is random token ids), so ``dpace.decoding`` and dflash's ``dflash_generate`` run on the
+same weights; ``qwen3-tiny`` is the same code path at a size a CPU runs in seconds. The end-to-end
+part also reports where the speculative and autoregressive greedy streams part, with the target's
+top-2 logit margin there (bf16 near-ties, see ``dpace.evaluation.GREEDY_TIE_MARGIN``).
 
 Without ``--target-json`` the embedded SmolLM2 is materialised once into ``--cache-dir`` (~25 s).
 The machine may be shared: the script prints the load average before and after, and reports the
@@ -31,6 +39,38 @@ PROMPT = (
     "Write a short story about a robot who learns to paint. Make it vivid and detailed, "
     "about three paragraphs, and end it with a twist."
 )
+
+
+PRESETS = {  # Qwen3 shapes; the drafter takes depth and block size from the flags
+    "qwen3-4b": {"hidden_size": 2560, "intermediate_size": 9728, "num_hidden_layers": 36, "num_attention_heads": 32,
+                 "num_key_value_heads": 8, "head_dim": 128, "vocab_size": 151936},
+    "qwen3-tiny": {"hidden_size": 128, "intermediate_size": 256, "num_hidden_layers": 4, "num_attention_heads": 4,
+                   "num_key_value_heads": 2, "head_dim": 32, "vocab_size": 4096},
+}
+
+
+def preset_models(args):
+    """A random Qwen3 target of the preset's shape and a random DFlash drafter, on ``args.device``."""
+    from dflash.model import DFlashDraftModel
+    from transformers import Qwen3Config, Qwen3ForCausalLM
+
+    dtype = getattr(torch, args.dtype)
+    config = Qwen3Config(**PRESETS[args.preset], max_position_embeddings=4096, tie_word_embeddings=False)
+    config._attn_implementation = "sdpa"
+    torch.manual_seed(0)
+    with torch.device(args.device):
+        target = Qwen3ForCausalLM(config).to(dtype).eval()
+    n = config.num_hidden_layers
+    draft_config = drafter_config(
+        config, depth=args.draft_layers, block_size=args.block_size,
+        target_layer_ids=default_target_layer_ids(n, args.features), mask_token_id=config.vocab_size - 1,
+    )
+    draft_config._attn_implementation = "sdpa"
+    with torch.device(args.device):
+        drafter = DFlashDraftModel(draft_config).to(dtype).eval()
+    generator = torch.Generator().manual_seed(1)
+    prompt_ids = torch.randint(0, config.vocab_size - 1, (args.prompt_tokens,), generator=generator).tolist()
+    return target, drafter, prompt_ids
 
 
 def load_models(args):
@@ -107,12 +147,17 @@ def step_costs(target, drafter, prompt_ids, context, repeats):
     return {name: (1e3 * statistics.median(t), 1e3 * min(t)) for name, t in results.items()}
 
 
-def end_to_end(target, drafter, prompt_ids, max_new_tokens, repeats):
-    """Generation of ``max_new_tokens`` (no stop token) with our code and with dflash_generate."""
+def end_to_end(target, drafter, prompt_ids, max_new_tokens, repeats, device="cpu"):
+    """Generation of ``max_new_tokens`` (no stop token) with our code and with dflash_generate.
+
+    Both use their own clocks (dflash 0.1.0's starts after the prefill, ours after the first draft
+    call, as DFlash's paper-era benchmark): ms per step is the comparable number.
+    """
     import dflash.model as dm
 
-    dm._cuda_time = time.perf_counter  # dflash's timer synchronises CUDA; we are on the CPU
-    ids = torch.tensor([prompt_ids])
+    if device == "cpu":
+        dm._cuda_time = time.perf_counter  # dflash's timer synchronises CUDA; we are on the CPU
+    ids = torch.tensor([prompt_ids], device=device)
     runs = {
         "ours AR": lambda: autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, stop_token_ids=None),
         "ours spec": lambda: speculative_generate(drafter, target, ids, max_new_tokens=max_new_tokens,
@@ -139,6 +184,19 @@ def end_to_end(target, drafter, prompt_ids, max_new_tokens, repeats):
     return summary
 
 
+def greedy_agreement(target, drafter, prompt_ids, max_new_tokens, device="cpu") -> dict:
+    """Where ``speculative_generate`` and ``autoregressive_generate`` part at T = 0, with the verdict
+    the evaluation would give (a numerical tie below the tie margin, else a failure)."""
+    from dpace.decoding import compare_to_greedy
+    from dpace.evaluation import GREEDY_TIE_MARGIN, divergence_verdict
+
+    ids = torch.tensor([prompt_ids], device=device)
+    spec = speculative_generate(drafter, target, ids, max_new_tokens=max_new_tokens, stop_token_ids=None)
+    ar = autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, stop_token_ids=None)
+    report = compare_to_greedy(spec.new_token_ids, ar.new_token_ids, target, ids)
+    return {**report, "verdict": divergence_verdict(report, GREEDY_TIE_MARGIN), "tie_margin": GREEDY_TIE_MARGIN}
+
+
 def main():
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-json")
@@ -153,31 +211,42 @@ def main():
     parser.add_argument("--max-new-tokens", type=int, default=96)
     parser.add_argument("--e2e-repeats", type=int, default=3, help="0 skips the end-to-end runs")
     parser.add_argument("--layout", default="both", choices=["both", "row-major", "optimize_for_cpu"])
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="random Qwen3 target of this shape")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda (presets only)")
+    parser.add_argument("--prompt-tokens", type=int, default=128, help="random prompt length (presets only)")
+    parser.add_argument("--e2e-only", action="store_true", help="skip the per-step costs")
     args = parser.parse_args()
     if args.threads:
         torch.set_num_threads(args.threads)
+    if args.device != "cpu" and not args.preset:
+        parser.error("--device applies to --preset targets")
 
-    target, drafter, tokenizer = load_models(args)
-    prompt_ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": PROMPT}])
-    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {platform.processor() or platform.machine()}, "
+    if args.preset:
+        target, drafter, prompt_ids = preset_models(args)
+    else:
+        target, drafter, tokenizer = load_models(args)
+        prompt_ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": PROMPT}])
+    device_name = torch.cuda.get_device_name() if args.device.startswith("cuda") else (platform.processor() or platform.machine())
+    print(f"torch {torch.__version__}, {torch.get_num_threads()} threads, {device_name}, "
           f"dtype {args.dtype}, B={args.block_size}, drafter {args.draft_layers} layer(s), "
-          f"prompt {len(prompt_ids)} tokens")
+          f"prompt {len(prompt_ids)} tokens, target {args.preset or 'from --target-json / embedded'}")
     print(f"load average before: {os.getloadavg()}")
     layouts = ["row-major", "optimize_for_cpu"] if args.layout == "both" else [args.layout]
-    if args.dtype != "float32":
-        layouts = ["row-major"]  # optimize_for_cpu only re-lays out float32 weights
+    if args.dtype != "float32" or args.device != "cpu":
+        layouts = ["row-major"]  # optimize_for_cpu only re-lays out float32 CPU weights
     for layout in layouts:
         if layout == "optimize_for_cpu":
             optimize_for_cpu(target, drafter)
         print(f"[{layout} weights]")
-        costs = step_costs(target, drafter, prompt_ids, args.context, args.repeats)
-        for name, (median, minimum) in costs.items():
-            print(f"  {name:7s} step: {median:7.1f} ms (min {minimum:6.1f})  [context {args.context}]")
-        spec = costs["verify"][0] + costs["draft"][0]
-        print(f"  verify / AR = {costs['verify'][0] / costs['ar'][0]:.2f}; "
-              f"(verify + draft) / AR = {spec / costs['ar'][0]:.2f}; predicted SR/tau = {costs['ar'][0] / spec:.2f}")
+        if not args.e2e_only:
+            costs = step_costs(target, drafter, prompt_ids, args.context, args.repeats)
+            for name, (median, minimum) in costs.items():
+                print(f"  {name:7s} step: {median:7.1f} ms (min {minimum:6.1f})  [context {args.context}]")
+            spec = costs["verify"][0] + costs["draft"][0]
+            print(f"  verify / AR = {costs['verify'][0] / costs['ar'][0]:.2f}; (verify + draft) / AR = "
+                  f"{spec / costs['ar'][0]:.2f}; predicted SR/tau = {costs['ar'][0] / spec:.2f}")
         if args.e2e_repeats:
-            e2e = end_to_end(target, drafter, prompt_ids, args.max_new_tokens, args.e2e_repeats)
+            e2e = end_to_end(target, drafter, prompt_ids, args.max_new_tokens, args.e2e_repeats, args.device)
             for name, row in e2e.items():
                 print(f"  {name:12s} TPOT {row['tpot_ms']:6.1f} ms, {row['ms_per_step']:6.1f} ms/step, "
                       f"tau {row['tau']:.2f}")
@@ -185,6 +254,13 @@ def main():
                 speedup = e2e[f"{who} AR"]["tpot_ms"] / e2e[f"{who} spec"]["tpot_ms"]
                 print(f"  {who:6s}: SR {speedup:.2f} at tau {e2e[f'{who} spec']['tau']:.2f} -> SR/tau = "
                       f"{speedup / e2e[f'{who} spec']['tau']:.2f}")
+            agreement = greedy_agreement(target, drafter, prompt_ids, args.max_new_tokens, args.device)
+            if agreement["verdict"] is None:
+                print(f"  greedy: speculative == autoregressive over {agreement['compared']} tokens")
+            else:
+                print(f"  greedy: streams part at token {agreement['first_mismatch']} of {agreement['compared']}, "
+                      f"target top-2 margin {agreement['top2_margin']:.4g} -> {agreement['verdict']} "
+                      f"(tie below {agreement['tie_margin']:g})")
     print(f"load average after: {os.getloadavg()}")
 
 

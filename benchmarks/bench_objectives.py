@@ -10,6 +10,16 @@ number: other processes stretch wall time but not the CPU time this process uses
 
     python benchmarks/bench_objectives.py            # defaults below, ~1.5-2 min on one core
     python benchmarks/bench_objectives.py --reps 9 --seq-len 1024
+    # the paper's Table 7 shape on one GPU (docs/gpu.md has the H200 numbers)
+    python benchmarks/bench_objectives.py --preset paper-table7 --device cuda --precision bf16 --attention flex_attention
+
+``--preset paper-table7`` is a Qwen3-4B-sized drafter (hidden 2560, 32 heads of 128, 8 KV heads,
+intermediate 9728, vocabulary 151936) with 3 layers, B=16, 512 anchors, sequences of 2048 tokens,
+micro-batch 2, and a step that includes AdamW (``--optimizer adamw``): the paper's per-iteration unit.
+Target features are given (random hidden states), as in training from cached features. On CUDA
+every timed step is synchronised, and the wall-time ratio is the one to read (process CPU time
+only counts the launching thread). ``--precision bf16`` autocasts the forward (fp32 weights and
+AdamW state, as dpace's local trainer).
 
 The paper's goal is D-PACE at most ~+3% over the DFlash decayed CE (2.3% on an H200).
 """
@@ -17,8 +27,10 @@ The paper's goal is D-PACE at most ~+3% over the DFlash decayed CE (2.3% on an H
 from __future__ import annotations
 
 import argparse
+import contextlib
 import os
 import statistics
+import sys
 import time
 
 import torch
@@ -30,11 +42,30 @@ from transformers import Qwen3Config
 from dpace.objectives import NEEDS_TARGET_LOGITS, OBJECTIVES, block_loss
 from dpace.online_model import ObjectiveDFlashModel
 
+PRESETS = {
+    "paper-table7": {
+        "hidden": 2560, "heads": 32, "kv_heads": 8, "head_dim": 128, "intermediate": 9728, "vocab": 151936,
+        "layers": 3, "block_size": 16, "anchors": 512, "seq_len": 2048, "batch": 2, "optimizer": "adamw",
+    },
+}
 
-def parse_args() -> argparse.Namespace:
+
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(
         description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter
     )
+    parser.add_argument("--preset", choices=sorted(PRESETS), help="a named shape; explicit flags override it")
+    parser.add_argument("--device", default="cpu", help="cpu or cuda")
+    parser.add_argument("--precision", default="fp32", choices=["fp32", "bf16"], help="bf16: autocast forward")
+    parser.add_argument("--attention", default="sdpa", choices=["sdpa", "flex_attention"])
+    parser.add_argument("--optimizer", default="none", choices=["none", "adamw"],
+                        help="adamw: the step includes an AdamW update (the paper's per-iteration cost)")
+    parser.add_argument("--batch", type=int, default=1, help="sequences per step (micro-batch)")
+    parser.add_argument("--layers", type=int, default=1, help="drafter layers")
+    parser.add_argument("--heads", type=int, default=None, help="default hidden / 64")
+    parser.add_argument("--kv-heads", type=int, default=None, help="default heads / 3")
+    parser.add_argument("--head-dim", type=int, default=64)
+    parser.add_argument("--intermediate", type=int, default=None, help="default hidden * 8 / 3")
     parser.add_argument("--hidden", type=int, default=576)
     parser.add_argument("--vocab", type=int, default=49152)
     parser.add_argument("--block-size", type=int, default=8)
@@ -54,41 +85,55 @@ def parse_args() -> argparse.Namespace:
     )
     parser.add_argument("--objectives", nargs="*", default=list(OBJECTIVES))
     parser.add_argument("--seed", type=int, default=0)
-    return parser.parse_args()
+    args = parser.parse_args(argv)
+    if args.preset:  # the preset's values, except where a flag was given explicitly
+        given = {a.split("=")[0].lstrip("-").replace("-", "_") for a in (argv if argv is not None else sys.argv[1:])
+                 if a.startswith("--")}
+        for key, value in PRESETS[args.preset].items():
+            if key not in given:
+                setattr(args, key, value)
+    return args
 
 
 def build_modules(args):
     torch.manual_seed(args.seed)
-    heads = max(1, args.hidden // 64)
+    heads = args.heads or max(1, args.hidden // 64)
     config = Qwen3Config(
         hidden_size=args.hidden,
         num_attention_heads=heads,
-        num_key_value_heads=max(1, heads // 3),
-        head_dim=64,
-        intermediate_size=int(args.hidden * 8 / 3) // 64 * 64,
-        num_hidden_layers=1,
+        num_key_value_heads=args.kv_heads or max(1, heads // 3),
+        head_dim=args.head_dim,
+        intermediate_size=args.intermediate or int(args.hidden * 8 / 3) // 64 * 64,
+        num_hidden_layers=args.layers,
         vocab_size=args.vocab,
-        layer_types=["full_attention"],
+        layer_types=["full_attention"] * args.layers,
     )
     config.num_target_layers = 30
     config.block_size = args.block_size
     config.dflash_config = {"target_layer_ids": [1, 15, 28], "mask_token_id": args.vocab - 1}
     config._attn_implementation = "sdpa"
-    draft = DFlashDraftModel(config)
+    draft = DFlashDraftModel(config).to(args.device)
     # The target's embedding and head are frozen in DFlash training.
-    embed = nn.Embedding(args.vocab, args.hidden).requires_grad_(False)
-    lm_head = nn.Linear(args.hidden, args.vocab, bias=False).requires_grad_(False)
+    embed = nn.Embedding(args.vocab, args.hidden).requires_grad_(False).to(args.device)
+    lm_head = nn.Linear(args.hidden, args.vocab, bias=False).requires_grad_(False).to(args.device)
     return draft, lm_head, embed
 
 
 def build_batch(args):
     generator = torch.Generator().manual_seed(args.seed + 1)
-    input_ids = torch.randint(0, args.vocab - 1, (1, args.seq_len), generator=generator)
-    hidden_states = torch.randn(1, args.seq_len, 3 * args.hidden, generator=generator)
-    target_last_hidden_states = torch.randn(1, args.seq_len, args.hidden, generator=generator)
-    loss_mask = torch.ones(1, args.seq_len)
+    shape = (args.batch, args.seq_len)
+    input_ids = torch.randint(0, args.vocab - 1, shape, generator=generator)
+    hidden_states = torch.randn(*shape, 3 * args.hidden, generator=generator)
+    target_last_hidden_states = torch.randn(*shape, args.hidden, generator=generator)
+    loss_mask = torch.ones(*shape)
     loss_mask[:, : args.seq_len // 8] = 0  # a prompt
-    return input_ids, hidden_states, loss_mask, target_last_hidden_states
+    batch = input_ids, hidden_states, loss_mask, target_last_hidden_states
+    return tuple(t.to(args.device) for t in batch)
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
 
 
 def main() -> None:
@@ -107,7 +152,7 @@ def main() -> None:
         target_embed_tokens=embed,
         mask_token_id=args.vocab - 1,
         block_size=args.block_size,
-        attention_backend="sdpa",
+        attention_backend=args.attention,
         num_anchors=args.anchors,
     )
     models: dict[str, nn.Module] = {
@@ -116,14 +161,23 @@ def main() -> None:
     models["specforge:dflash"] = OnlineDFlashModel(loss_type="dflash", loss_decay_gamma=4.0, **common)
     models["specforge:dpace"] = OnlineDFlashModel(loss_type="dpace", **common)
 
+    optimizer = torch.optim.AdamW(draft.parameters(), lr=6e-4) if args.optimizer == "adamw" else None
+    autocast = (torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16)
+                if args.precision == "bf16" else contextlib.nullcontext())
+
     def step(name: str) -> tuple[float, float]:
-        """(wall seconds, process CPU seconds) of one forward + backward."""
+        """(wall seconds, process CPU seconds) of one forward + backward (+ AdamW update)."""
         model = models[name]
         extra = {"target_last_hidden_states": target_states} if name in NEEDS_TARGET_LOGITS else {}
         torch.manual_seed(args.seed)  # same anchors for every objective
+        sync(args.device)
         wall, cpu = time.perf_counter(), time.process_time()
-        loss, _, _ = model(input_ids, hidden_states, loss_mask, **extra)
+        with autocast:
+            loss, _, _ = model(input_ids, hidden_states, loss_mask, **extra)
         loss.backward()
+        if optimizer is not None:
+            optimizer.step()
+        sync(args.device)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         draft.zero_grad(set_to_none=True)
         return wall, cpu
@@ -136,19 +190,21 @@ def main() -> None:
     # The objective alone (forward + backward of block_loss on fixed logits): the part of a
     # step that differs between objectives, without the shared model's noise.
     generator = torch.Generator().manual_seed(args.seed + 2)
-    shape = (1, args.anchors, args.block_size)
-    draft_logits = torch.randn(*shape, args.vocab, generator=generator).requires_grad_(True)
-    target_logits = torch.randn(*shape, args.vocab, generator=generator)
-    target_ids = torch.randint(0, args.vocab, shape, generator=generator)
-    valid = torch.ones(shape, dtype=torch.bool)
+    shape = (args.batch, args.anchors, args.block_size)
+    draft_logits = torch.randn(*shape, args.vocab, generator=generator).to(args.device).requires_grad_(True)
+    target_logits = torch.randn(*shape, args.vocab, generator=generator).to(args.device)
+    target_ids = torch.randint(0, args.vocab, shape, generator=generator).to(args.device)
+    valid = torch.ones(shape, dtype=torch.bool, device=args.device)
     valid[..., 0] = False
 
     def loss_only(name: str) -> tuple[float, float]:
+        sync(args.device)
         wall, cpu = time.perf_counter(), time.process_time()
         loss, _ = block_loss(
             name, draft_logits=draft_logits, target_ids=target_ids, valid=valid, target_logits=target_logits
         )
         loss.backward()
+        sync(args.device)
         wall, cpu = time.perf_counter() - wall, time.process_time() - cpu
         draft_logits.grad = None
         return wall, cpu
@@ -157,26 +213,28 @@ def main() -> None:
     loss_only(objective_names[0])
     losses = interleaved(objective_names, loss_only, args.reps)
 
+    device = torch.cuda.get_device_name() if args.device.startswith("cuda") else f"{os.cpu_count()} CPUs"
     print(
-        f"# hidden={args.hidden} vocab={args.vocab} B={args.block_size} anchors={args.anchors} "
-        f"seq={args.seq_len} reps={args.reps} threads={torch.get_num_threads()} torch={torch.__version__} "
-        f"flush_denormal={flush_denormal} load average={os.getloadavg()[0]:.1f} on {os.cpu_count()} CPUs"
+        f"# preset={args.preset} hidden={args.hidden} layers={args.layers} vocab={args.vocab} B={args.block_size} "
+        f"anchors={args.anchors} seq={args.seq_len} micro-batch={args.batch} precision={args.precision} "
+        f"attention={args.attention} optimizer={args.optimizer} reps={args.reps} threads={torch.get_num_threads()} "
+        f"torch={torch.__version__} flush_denormal={flush_denormal} load average={os.getloadavg()[0]:.1f} on {device}"
     )
     print(
-        "# step = ObjectiveDFlashModel forward+backward; ratio = median over repetitions of "
-        "step / dflash step of the same repetition"
+        "# step = ObjectiveDFlashModel forward+backward" + (" + AdamW" if optimizer else "")
+        + "; ratio = median over repetitions of step / dflash step of the same repetition"
     )
-    print("# loss only = block_loss forward+backward on fixed [1, anchors, B, V] logits; its extra")
+    print("# loss only = block_loss forward+backward on fixed [micro-batch, anchors, B, V] logits; its extra")
     print("#   cost over dflash's is shown as a percentage of a median dflash step (CPU time)")
     print(
-        "| objective | step CPU (ms) | step ratio (CPU) | step ratio (wall) "
+        "| objective | step wall (ms) | step CPU (ms) | step ratio (CPU) | step ratio (wall) "
         "| loss only CPU (ms) | loss-only extra vs dflash step |"
     )
-    print("|---|---:|---:|---:|---:|---:|")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     dflash_step_cpu = median(steps["dflash"], 1)
     dflash_loss_cpu = median(losses["dflash"], 1)
     for name in names:
-        row = f"| {name} | {1000 * median(steps[name], 1):.0f} "
+        row = f"| {name} | {1000 * median(steps[name], 0):.1f} | {1000 * median(steps[name], 1):.0f} "
         row += f"| {paired_ratio(steps[name], steps['dflash'], 1):.3f} "
         row += f"| {paired_ratio(steps[name], steps['dflash'], 0):.3f} "
         if name in losses:

@@ -21,7 +21,7 @@ from pathlib import Path
 REPO = Path(__file__).resolve().parents[1]
 TARGETS = [
     "results/table_main.tex", "results/table_cross_model.tex", "results/table_ablation.tex",
-    "results/table_smoothing.tex", "results/table_block_size.tex", "results/table_target_prob.tex",
+    "results/table_block_size.tex", "results/table_smoothing.tex", "results/table_target_prob.tex",
     "results/table_training_time.tex", "results/table_correlation.tex", "results/table_objectives_extra.tex",
     "results/table_normalization.tex", "results/fig_motivation.pdf", "results/fig_weight_dynamics.pdf",
     "results/fig_tau_trajectory.pdf", "ablations", "sweeps", "figures", "all",

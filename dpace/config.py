@@ -60,6 +60,7 @@ class Experiment:
     group: str
     variants: list[Variant] = field(default_factory=list)
     every_epoch: bool = False  # the ablation trajectory evaluates every epoch on MATH-500
+    eval_epoch: int | None = None  # the checkpoint the group's tables read; None: each variant's last
 
 
 def _variant(config: dict, target: str, objective: str, *, depth=None, block_size=None, epochs=None,
@@ -95,11 +96,25 @@ def experiments(config: dict) -> dict[str, Experiment]:
 
     if "main" in spec:
         e = spec["main"]
+        # Which runs Table 1 reads epoch train.epochs of: "final" trains train.epochs epochs (the
+        # cosine schedule ends there); "ablation-run" trains experiments.ablation.epochs and reads
+        # epoch train.epochs part-way through the schedule, as Table 3 does (the paper's Table 3
+        # epoch-6 values equal its Table 1's, which suggests this reading).
+        checkpoint = e.get("checkpoint", "final")
+        run_epochs, eval_epoch = None, None
+        if checkpoint == "ablation-run":
+            run_epochs = spec.get("ablation", {}).get("epochs")
+            eval_epoch = int(config["train"]["epochs"])
+            if run_epochs is None or int(run_epochs) < eval_epoch:
+                raise ConfigError(
+                    "experiments.main.checkpoint: 'ablation-run' needs experiments.ablation.epochs >= "
+                    f"train.epochs ({eval_epoch}), got {run_epochs}"
+                )
         out["main"] = Experiment("main", [
-            _variant(config, main_target, objective, depth=depth, where="experiments.main.objectives")
+            _variant(config, main_target, objective, depth=depth, epochs=run_epochs, where="experiments.main.objectives")
             for depth in e.get("depths", [config["train"]["depth"]])
             for objective in e["objectives"]
-        ])
+        ], eval_epoch=eval_epoch)
     if "cross_model" in spec:
         e = spec["cross_model"]
         variants = []

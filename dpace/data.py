@@ -49,7 +49,8 @@ BENCHMARKS: dict[str, Benchmark] = {
 }
 
 TRAIN_SETS: dict[str, tuple[tuple[str, ...], str]] = {
-    "sharegpt": (("anon8231489123/ShareGPT_Vicuna_unfiltered",), "train"),
+    # The id SpecForge's scripts/prepare_data.py loads for --dataset sharegpt (DFlash trains with SpecForge).
+    "sharegpt": (("Aeala/ShareGPT_Vicuna_unfiltered",), "train"),
     "codealpaca": (("sahil280114/codealpaca",), "train"),
 }
 
@@ -76,7 +77,7 @@ def _load_rows(kind: str, name: str, hub_args: tuple[str, ...], split: str, mirr
 
 
 def benchmark_prompts(name: str, num_prompts: int, seed: int, mirror: str | None = None) -> list[dict]:
-    """``num_prompts`` rows ``{"id", "benchmark", "turns"}`` sampled with a fixed seed."""
+    """``num_prompts`` rows ``{"id", "benchmark", "turns"}``: the ones DFlash's benchmark selects with this seed."""
     if name not in BENCHMARKS:
         raise ValueError(f"unknown benchmark {name!r}; valid: {sorted(BENCHMARKS)}")
     spec = BENCHMARKS[name]
@@ -85,10 +86,25 @@ def benchmark_prompts(name: str, num_prompts: int, seed: int, mirror: str | None
         missing = [key for key in spec.required if key not in row]
         if missing:
             raise ValueError(f"benchmark {name!r} row {index} lacks required field(s) {missing}")
-    order = list(range(len(rows)))
-    random.Random(seed).shuffle(order)
-    chosen = sorted(order[: min(num_prompts, len(rows))])
+    chosen = dflash_benchmark_rows(len(rows), num_prompts, seed)
     return [{"id": f"{name}-{i}", "benchmark": name, "turns": spec.turns(rows[i])} for i in chosen]
+
+
+def dflash_benchmark_rows(num_rows: int, num_prompts: int, seed: int) -> list[int]:
+    """The hub row indices DFlash's benchmark evaluates, in its order.
+
+    DFlash's ``benchmark.py`` (z-lab/dflash at the paper's release, Feb 2026) keeps every row when
+    ``num_prompts`` covers the set, and otherwise takes ``dataset.shuffle(seed=0).select(range(n))``.
+    ``datasets`` shuffles a ``Dataset`` built from the row indices exactly as it shuffles the hub copy
+    (the permutation depends only on the length and the seed), so the mirror, which keeps the hub's
+    row order, yields the paper's prompts.
+    """
+    if num_prompts >= num_rows:
+        return list(range(num_rows))
+    import datasets
+
+    rows = datasets.Dataset.from_dict({"row": list(range(num_rows))})
+    return list(rows.shuffle(seed=seed).select(range(num_prompts))["row"])
 
 
 def _first_user_turn(row: dict) -> str | None:

@@ -10,7 +10,11 @@ tokens and acceptance lengths. On top of it, it
   each draft position (D-PACE's surrogate ``sum_k prod_{i<=k} q_i`` is computed from them),
 * draws every random number from one ``torch.Generator`` so runs are reproducible,
 * times prefill and decoding the way DFlash's benchmark does (``time_per_output_token_s`` is the
-  decode time divided by all output tokens, the prefill's first token included).
+  decode time divided by all output tokens, the prefill's first token included), with the decode
+  clock started where ``decode_clock`` says (see ``DECODE_CLOCKS``),
+* records both DFlash counts of a step's length: ``block_lengths`` (accepted + 1, what DFlash's
+  benchmark appends, even for the step a stop token or the length cap cuts short) and
+  ``acceptance_lengths`` (the tokens the step actually added, what dflash 0.1.0 on PyPI appends).
 
 Verification rules (both lossless; identical at T = 0, where every choice is an argmax):
 
@@ -49,6 +53,14 @@ from transformers import DynamicCache
 from dpace.gpus import device_clock
 
 VERIFICATIONS = ("hard-match", "rejection")
+# Where the decode-time clock starts (the prefill is never in it):
+# "after-first-draft": DFlash's benchmark as released with the paper era's code (z-lab/dflash,
+#   Jan-Apr 2026: benchmark.py, then dflash/model.py) restarts the clock after the first draft call,
+#   which drafts from the whole prompt's context (the drafter's own prefill);
+# "after-prefill": dflash 0.1.0 on PyPI starts it right after the target's prefill, so the first
+#   draft call counts as decode time.
+# The autoregressive baseline has no draft call: both start after its prefill.
+DECODE_CLOCKS = ("after-first-draft", "after-prefill")
 
 
 # ---------------------------------------------------------------------------
@@ -90,8 +102,10 @@ class BlockRecord:
 @dataclass
 class DecodeResult:
     new_token_ids: list[int]
-    acceptance_lengths: list[int]
+    acceptance_lengths: list[int]  # tokens each step added (cut at a stop token / the length cap)
     blocks: list[BlockRecord] = field(default_factory=list)
+    block_lengths: list[int] = field(default_factory=list)  # accepted + 1 per step, never cut
+    decode_clock: str = "after-prefill"
     num_input_tokens: int = 0
     num_output_tokens: int = 0
     time_to_first_token_s: float = 0.0
@@ -179,7 +193,9 @@ def _hard_match(draft_tokens: torch.Tensor, picks: torch.Tensor) -> int:
     return int((draft_tokens == picks[:, : draft_tokens.shape[1]]).cumprod(dim=1).sum(dim=1)[0].item())
 
 
-def _check_args(max_new_tokens: int, temperature: float, verification: str) -> None:
+def _check_args(max_new_tokens: int, temperature: float, verification: str, decode_clock: str = "after-prefill") -> None:
+    if decode_clock not in DECODE_CLOCKS:
+        raise ValueError(f"decode_clock must be one of {DECODE_CLOCKS}, got {decode_clock!r}")
     if max_new_tokens < 1:
         raise ValueError(f"max_new_tokens must be >= 1, got {max_new_tokens}")
     if temperature < 0:
@@ -244,13 +260,15 @@ def speculative_generate(
     verification: str = "hard-match",
     generator: torch.Generator | None = None,
     block_size: int | None = None,
+    decode_clock: str = "after-first-draft",
 ) -> DecodeResult:
     """DFlash speculative decoding of one prompt with a ``dflash.model.DFlashDraftModel``.
 
     ``block_size`` defaults to the drafter's; ``block_size=1`` degenerates to target-only decoding.
     ``generator`` (on the target's device) drives every random draw; ``None`` uses torch's global RNG.
+    ``decode_clock``: one of ``DECODE_CLOCKS``; the default is DFlash's benchmark.
     """
-    _check_args(max_new_tokens, temperature, verification)
+    _check_args(max_new_tokens, temperature, verification, decode_clock)
     device = target.device
     block_size = int(drafter.block_size if block_size is None else block_size)
     if block_size < 1:
@@ -289,7 +307,9 @@ def speculative_generate(
     time_to_first_token = device_clock(device) - prefill_start
 
     decode_start = device_clock(device)
+    restart_clock = decode_clock == "after-first-draft"
     acceptance_lengths: list[int] = []
+    block_lengths: list[int] = []
     blocks: list[BlockRecord] = []
     start = num_input
     stopped = first_token in stops
@@ -313,6 +333,8 @@ def speculative_generate(
                 block[:, 1:] = _sample(draft_probs, generator)
             else:
                 block[:, 1:] = torch.argmax(draft_logits, dim=-1)
+            if restart_clock:  # DFlash's benchmark: the drafter's first (prefill-sized) call is not decode time
+                decode_start, restart_clock = device_clock(device), False
 
         output = target(
             block,
@@ -349,6 +371,7 @@ def speculative_generate(
         start += produced
         _crop_to(target_cache, start)
         acceptance_lengths.append(produced)
+        block_lengths.append(accepted + 1)
 
     end = min(start + 1, max_length)
     new_tokens = output_ids[0, num_input:end].tolist()
@@ -357,6 +380,8 @@ def speculative_generate(
         new_token_ids=new_tokens,
         acceptance_lengths=acceptance_lengths,
         blocks=blocks,
+        block_lengths=block_lengths,
+        decode_clock=decode_clock,
         num_input_tokens=num_input,
         num_output_tokens=len(new_tokens),
         time_to_first_token_s=time_to_first_token,
@@ -413,6 +438,7 @@ def autoregressive_generate(
     return DecodeResult(
         new_token_ids=tokens,
         acceptance_lengths=[1] * (len(tokens) - 1),
+        block_lengths=[1] * (len(tokens) - 1),
         num_input_tokens=num_input,
         num_output_tokens=len(tokens),
         time_to_first_token_s=time_to_first_token,

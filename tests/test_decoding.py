@@ -219,6 +219,55 @@ def test_stop_token_ends_output(models, prompts):
         assert greedy(target, prompt, n=20, stops=[stop]).new_token_ids == ref[:cut]
 
 
+def test_stop_inside_a_block_counts_accepted_plus_bonus_as_dflash_benchmark(models, prompts):
+    """A fully accepted block in which the stop token comes second: the output ends there, the
+    emitted count is 2, and DFlash's benchmark count (block_lengths) is still accepted + 1 = B."""
+    target, real = models
+    prompt = prompts[2]
+    ref = greedy(target, prompt, n=20, stops=None).new_token_ids
+    # new token i > 0 ends a block when i % B == 0 (token 0 comes from the prefill): stop inside one
+    at = next(i for i in range(2, 20) if ref.index(ref[i]) == i and i % BLOCK != 0)
+    stop, cut = ref[at], at + 1
+    sequence = prompt + ref + [0] * 9
+    drafter = ScriptedDrafter(real, lambda ps: one_hot_logits([sequence[p] for p in ps]))
+    out = speculative_generate(drafter, target, prompt, max_new_tokens=20, stop_token_ids=[stop])
+    assert out.new_token_ids == ref[:cut] and out.stopped
+    assert sum(out.acceptance_lengths) + 1 == cut  # emitted: cut at the stop token
+    assert out.block_lengths == [BLOCK] * len(out.acceptance_lengths)  # accepted + 1, never cut
+    assert out.acceptance_lengths[-1] < BLOCK
+
+
+class SlowFirstCall(ScriptedDrafter):
+    """The first draft call (the drafter's prefill over the prompt's context) takes ``delay`` s."""
+
+    def __init__(self, real, script, delay):
+        super().__init__(real, script)
+        self.delay = delay
+
+    def forward(self, **kwargs):
+        if self.calls == 0:
+            time.sleep(self.delay)
+        return super().forward(**kwargs)
+
+
+def test_decode_clock_leaves_out_the_first_draft_call_as_dflash_benchmark(models, prompts):
+    target, real = models
+    prompt = prompts[0]
+    delay = 0.3
+    script = lambda ps: one_hot_logits([0] * len(ps))  # noqa: E731
+    runs = {
+        clock: speculative_generate(SlowFirstCall(real, script, delay), target, prompt, max_new_tokens=12,
+                                    stop_token_ids=None, decode_clock=clock)
+        for clock in ("after-first-draft", "after-prefill")
+    }
+    assert runs["after-prefill"].decode_time_s >= delay
+    assert runs["after-first-draft"].decode_time_s < delay  # 11 tiny steps take far less than 0.3 s
+    for out in runs.values():
+        assert out.time_per_output_token_s == pytest.approx(out.decode_time_s / out.num_output_tokens)
+    with pytest.raises(ValueError, match="decode_clock"):
+        speculative_generate(real, target, prompt, max_new_tokens=4, stop_token_ids=None, decode_clock="never")
+
+
 def test_timing_fields(models, prompts):
     target, drafter = models
     out = speculative_generate(drafter, target, prompts[0], max_new_tokens=8, stop_token_ids=None)

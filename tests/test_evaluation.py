@@ -221,7 +221,8 @@ def test_summary_rows_carry_each_request_for_paired_intervals(first_run):
                  for t in r["turns"]}
         for request in requests:
             turn = turns[(request["id"], request["turn"])]
-            assert request["tau"] == pytest.approx(sum(turn["acceptance_lengths"]) / len(turn["acceptance_lengths"]))
+            lengths = turn["block_lengths"]  # DFlash's count: accepted + 1 per step (tau_counts default)
+            assert request["tau"] == pytest.approx(sum(lengths) / len(lengths))
 
 
 def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, monkeypatch):
@@ -239,3 +240,73 @@ def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, mo
                                       ("mt-bench", 0.0, "m0"), ("mt-bench", 0.0, "m1"), ("mt-bench", 1.0, "m0")])
     assert {(r["benchmark"], r["temperature"]): r["num_prompts"] for r in summary} == {
         ("gsm8k", 0.0): 2, ("gsm8k", 1.0): 1, ("mt-bench", 0.0): 2, ("mt-bench", 1.0): 1}
+
+
+def test_records_from_another_decode_clock_are_refused(setup, first_run, tmp_path):
+    out, _, _ = first_run
+    (tmp_path / "records.jsonl").write_text((out / "records.jsonl").read_text())
+    root, target_json, drafter_dir, files = setup
+    with pytest.raises(ValueError, match="decode_clock=after-first-draft"):
+        evaluate_drafter(
+            target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
+            max_new_tokens=MAX_NEW, seed=7, records_path=tmp_path / "records.jsonl",
+            summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv", decode_clock="after-prefill",
+        )
+
+
+def test_tau_counts_and_greedy_divergence_verdicts():
+    """tau per DFlash's benchmark (accepted + 1, the stop token's step too) or per emitted tokens;
+    T=0 divergences below the tie margin are ties, the others failures, each with its margin."""
+    from dpace.evaluation import summarize
+
+    def turn(i, emitted, proposed, greedy):
+        timing = {"time_per_output_token_s": 0.1, "num_output_tokens": sum(emitted) + 1}
+        return {"turn": i, "ar": timing, "spec": timing, "acceptance_lengths": emitted,
+                "block_lengths": proposed, "blocks": [], "greedy": greedy}
+
+    tie = {"mismatches": 2, "first_mismatch": 7, "top2_margin": 0.125}
+    wrong = {"mismatches": 5, "first_mismatch": 3, "top2_margin": 4.0}
+    same = {"mismatches": 0, "first_mismatch": None, "top2_margin": None}
+    records = [
+        {"benchmark": "b", "id": "0", "prompt_index": 0, "temperature": 0.0, "verification": "hard-match",
+         "block_size": 4, "turns": [turn(0, [4, 1], [4, 4], tie)]},
+        {"benchmark": "b", "id": "1", "prompt_index": 1, "temperature": 0.0, "verification": "hard-match",
+         "block_size": 4, "turns": [turn(0, [2, 3], [2, 3], wrong), turn(1, [4], [4], same)]},
+    ]
+    (dflash,) = summarize(records)
+    assert dflash["tau_counts"] == "accepted-plus-bonus"
+    assert dflash["tau"] == pytest.approx((4 + 2.5 + 4) / 3)
+    assert dflash["acceptance_histogram"] == pytest.approx([0, 0, 1 / 5, 1 / 5, 3 / 5])
+    (emitted,) = summarize(records, tau_counts="emitted")
+    assert emitted["tau"] == pytest.approx((2.5 + 2.5 + 4) / 3)
+    assert dflash["greedy_ties"] == 1 and dflash["greedy_failures"] == 1 and dflash["greedy_tie_margin"] == 0.5
+    assert [(d["id"], d["first_mismatch"], d["top2_margin"], d["verdict"]) for d in dflash["greedy_divergences"]] == [
+        ("0", 7, 0.125, "tie"), ("1", 3, 4.0, "failure")]
+    (strict,) = summarize(records, tie_margin=0.1)
+    assert strict["greedy_ties"] == 0 and strict["greedy_failures"] == 2
+    with pytest.raises(ValueError, match="tau_counts"):
+        summarize(records, tau_counts="accepted")
+
+
+def test_bf16_evaluation_loads_bf16_models_and_keeps_greedy_lossless(setup, tmp_path, monkeypatch):
+    """eval.dtype bfloat16 reaches the models; at T=0 every divergence from greedy is a near-tie."""
+    root, target_json, drafter_dir, files = setup
+    loaded = []
+    original = evaluation.load_target
+
+    def spy(*args, **kwargs):
+        model, tokenizer = original(*args, **kwargs)
+        loaded.append(next(model.parameters()).dtype)
+        return model, tokenizer
+
+    monkeypatch.setattr(evaluation, "load_target", spy)
+    drafters = count_calls(monkeypatch, "speculative_generate")
+    summary = evaluate_drafter(
+        target_json, drafter_dir, files, temperatures=[0.0], verification="hard-match", max_new_tokens=16, seed=7,
+        records_path=tmp_path / "records.jsonl", summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv",
+        dtype="bfloat16",
+    )
+    assert loaded == [torch.bfloat16] and drafters
+    for row in summary:
+        assert row["greedy_failures"] == 0, row["greedy_divergences"]
+        assert row["greedy_ties"] == len(row["greedy_divergences"])

@@ -15,6 +15,7 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import re
 import subprocess
 import sys
 import textwrap
@@ -28,6 +29,7 @@ from dpace.features import compute_features
 from dpace.io import atomic_write_jsonl, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
+MIRROR = REPO.parent / "shared" / "data"
 
 CONVERSATIONS = [
     {"id": str(i), "conversations": [
@@ -621,4 +623,31 @@ def test_gpu_check_config_is_valid_and_trains_like_the_paper_on_a_gpu(tmp_path, 
     validate_config(config)  # the smoke config plus the check's overrides still passes the schema
     expected = ("fp32", "sdpa") if cpu else ("bf16", "flex_attention")
     assert (config["train"].get("precision", "fp32"), config["train"].get("attention_backend", "sdpa")) == expected
+    assert config["eval"].get("dtype", "float32") == ("float32" if cpu else "bfloat16")  # the paper's protocol
     assert config["targets"][config["main_target"]]["hidden_size"] // config["targets"][config["main_target"]]["num_heads"] == 64
+
+
+def test_gpu_check_quick_cut_takes_a_tokenizer_folder_and_plans_few_jobs(tmp_path):
+    from dpace.config import validate_config
+
+    gpu_check = _gpu_check_module()
+    backends = {"generate": "transformers", "train": "local", "eval": "local"}
+    path = gpu_check.write_config(tmp_path, MIRROR, backends, tokenizer=tmp_path / "tok")
+    config = yaml.safe_load(path.read_text())
+    validate_config(config)
+    assert config["targets"][config["main_target"]]["tokenizer"] == str(tmp_path / "tok")
+    assert config["data"]["benchmarks"] == ["gsm8k", "mt_bench"]  # single- and multi-turn prompts
+    assert config["experiments"]["main"]["objectives"] == ["dflash", "dpace"]
+    assert len(config["experiments"]["main"]["depths"]) == 1
+    (tmp_path / "full").mkdir()
+    full = yaml.safe_load(gpu_check.write_config(tmp_path / "full", MIRROR, backends, full=True).read_text())
+    smoke = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
+    assert full["data"]["benchmarks"] == smoke["data"]["benchmarks"] and "tokenizer" not in full["targets"]["tiny"]
+    result = subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--configfile",
+         str(path), "--replace-workflow-config", "-n", "results/table_main.tex"],
+        capture_output=True, text=True, timeout=300,
+    )
+    assert result.returncode == 0, result.stderr[-2000:]
+    total = re.search(r"^total\s+(\d+)$", result.stdout, re.MULTILINE)
+    assert total and int(total.group(1)) <= 12, result.stdout[-2000:]

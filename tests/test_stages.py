@@ -93,6 +93,22 @@ def test_features_mask_the_assistant_tokens_and_match_a_direct_forward(tmp_path,
         torch.testing.assert_close(item["last_hidden"].float(), out.last_hidden_state[0], rtol=2e-2, atol=2e-2)
 
 
+def test_long_conversations_are_truncated_and_counted_not_dropped(tmp_path, tiny_target_json):
+    _, tokenizer = load_target(tiny_target_json)
+    short = {"id": "s", "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}
+    long = {"id": "l", "conversations": [{"role": "user", "content": "count"}, {"role": "assistant", "content": "one two " * 200}]}
+    no_room = {"id": "p", "conversations": [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "ok"}]}
+    path = tmp_path / "conv.jsonl"
+    atomic_write_jsonl(path, [short, long, no_room])
+    index = compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1], max_seq_length=64, mode="online")
+    assert index["num_sequences"] == 2 and index["truncated"] == 2 and index["skipped_too_few_loss_tokens"] == 1
+    features = load_features(tmp_path / "f")
+    full_ids, full_mask = tokenize_conversation(tokenizer, long, tokenizer.eos_token_id)
+    kept = features.sequence(1)
+    assert len(full_ids) > 64 and kept["input_ids"].tolist() == full_ids[:64]  # the head, as SpecForge keeps
+    assert kept["loss_mask"].tolist() == full_mask[:64]
+
+
 def test_online_features_store_tokens_only(tmp_path, tiny_target_json):
     path = tmp_path / "conv.jsonl"
     atomic_write_jsonl(path, [{"id": "a", "conversations": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}])
@@ -152,3 +168,17 @@ def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target
         assert row["conversations"][1] == {"role": "assistant", "content": expected}
     with pytest.raises(ValueError, match=r"unknown generation dtype 'float16'; valid: float32, bfloat16"):
         generate_responses(tiny_target_json, prompts, tmp_path / "x.jsonl", dtype="float16")
+
+
+def test_random_target_takes_a_saved_tokenizer_folder_without_the_gguf_package(tmp_path, monkeypatch):
+    import dpace.targets as targets
+
+    folder = targets.save_embedded_tokenizer(tmp_path / "tokenizer")
+    assert sum(f.stat().st_size for f in folder.iterdir()) < 10_000_000  # carried to a GPU machine
+    reference = targets.embedded_tokenizer()
+    monkeypatch.setattr(targets, "embedded_tokenizer", lambda: pytest.fail("the GGUF tokenizer was loaded"))
+    spec = {"source": "random", "num_layers": 2, "hidden_size": 32, "intermediate_size": 64, "tokenizer": str(folder)}
+    target_json = targets.prepare_target(spec, tmp_path / "target")
+    _, tokenizer = load_target(target_json)
+    messages = [{"role": "user", "content": "Hello there, how are you?"}]
+    assert chat_prompt_ids(tokenizer, messages) == chat_prompt_ids(reference, messages)

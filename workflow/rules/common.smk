@@ -48,12 +48,13 @@ def eval_summary(target, variant_id, epoch, suite):
 
 
 def group_evaluations(group):
-    """Evaluation summaries a group's tables need: the full suite at the final epoch, and for the
-    ablation trajectory MATH-500 at T=0 after every earlier epoch."""
+    """Evaluation summaries a group's tables need: the full suite at the group's checkpoint (the
+    final epoch unless experiments.main.checkpoint says otherwise), and for the ablation trajectory
+    MATH-500 at T=0 after every earlier epoch."""
     paths = []
     experiment = EXPERIMENTS[group]
     for v in experiment.variants:
-        paths.append(eval_summary(v.target, v.id, v.epochs, "full"))
+        paths.append(eval_summary(v.target, v.id, experiment.eval_epoch or v.epochs, "full"))
         if experiment.every_epoch:
             paths += [eval_summary(v.target, v.id, e, "trajectory") for e in range(1, v.epochs)]
     return paths
@@ -65,8 +66,9 @@ ARTIFACTS = {
     "table_main": {"requires": "main", "groups": ["main"]},
     "table_cross_model": {"requires": "main", "groups": ["cross_model", "main"]},
     "table_ablation": {"requires": "ablation", "groups": ["ablation"]},
-    "table_smoothing": {"requires": "smoothing", "groups": ["smoothing"]},
+    # In the paper's order (its LaTeX numbers the block-size table 4, the smoothing sweep 5).
     "table_block_size": {"requires": "block_size", "groups": ["block_size"]},
+    "table_smoothing": {"requires": "smoothing", "groups": ["smoothing"]},
     "table_target_prob": {"requires": "target_prob", "groups": ["target_prob"]},
     "table_training_time": {"requires": "main", "groups": ["main"], "train": True},
     "table_correlation": {"requires": "main", "groups": ["main"], "blocks": True},

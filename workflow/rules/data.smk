@@ -1,4 +1,4 @@
-# Stage 1: benchmark prompts and training prompts (hub or local mirror), sampled with a fixed seed.
+# Stage 1: benchmark prompts (selected as DFlash's benchmark selects them) and training prompts (hub or local mirror, seeded).
 
 
 rule benchmark_prompts:

@@ -35,6 +35,10 @@ rule evaluate:
         sampled_prompts=config["eval"].get("sampled_prompts_per_benchmark"),
         seed=config["seed"],
         backend=lambda wildcards: SUITES[wildcards.suite].get("backend", config["eval"]["backend"]),
+        dtype=config["eval"].get("dtype", "float32"),
+        decode_clock=config["eval"].get("decode_clock", "after-first-draft"),
+        tau_counts=config["eval"].get("tau_counts", "accepted-plus-bonus"),
+        greedy_tie_margin=config["eval"].get("greedy_tie_margin", 0.5),
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=stage_fingerprint("evaluate"),
     threads: JOB_THREADS

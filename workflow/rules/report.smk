@@ -30,7 +30,7 @@ rule local_blocks:
     table_correlation and fig_motivation (a) show) from an in-process MATH-500 run at T=0."""
     input:
         summaries=lambda wildcards: [
-            eval_summary(v.target, v.id, v.epochs, "blocks")
+            eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, "blocks")
             for v in sorted(EXPERIMENTS["main"].variants, key=lambda v: (v.depth, v.block_size))
             if v.objective == "dflash"
         ][:1],
@@ -110,7 +110,7 @@ rule ablations:
 
 rule sweeps:
     input:
-        artifact_paths(["table_smoothing", "table_block_size"]),
+        artifact_paths(["table_block_size", "table_smoothing"]),
     localrule: True
 
 

@@ -33,6 +33,7 @@ elif params.backend == "local":
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
     with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
         evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, device="cuda" if ids and torch.cuda.is_available() else "cpu",
-                         **common)
+                         dtype=params.dtype, decode_clock=params.decode_clock, tau_counts=params.tau_counts,
+                         tie_margin=params.greedy_tie_margin, **common)
 else:
     raise ValueError(f"eval.backend={params.backend!r}; valid: local, sglang")

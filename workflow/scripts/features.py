@@ -18,3 +18,7 @@ index = compute_features(
     batch_size=snakemake.params.batch_size,
 )
 print({key: value for key, value in index.items() if key != "shards"})
+print(
+    f"truncated {index['truncated']} of {index['num_sequences']} kept sequences to max_seq_length="
+    f"{snakemake.params.max_seq_length}; dropped {index['skipped_too_few_loss_tokens']} with fewer than 2 response tokens left"
+)
