@@ -6,7 +6,7 @@ from pathlib import Path
 sys.path.insert(0, workflow.basedir)
 
 from dpace.config import ConfigError, all_variants, experiments, training_data, validate_config
-from dpace.fingerprint import stage_fingerprint
+from dpace import fingerprint
 
 try:
     validate_config(config)
@@ -24,6 +24,11 @@ SCRATCH = f"{RESULTS}/scratch"
 
 # Names of the data sets imported with the target's answers already in them (targets.<t>.responses).
 IMPORTED = sorted({training_data(config, name) for name, t in config["targets"].items() if t.get("responses")})
+
+
+def script_fingerprint(script):
+    """A job's code fingerprint: every dpace module its script (workflow/scripts/<script>) imports."""
+    return fingerprint.script_fingerprint(Path(workflow.basedir) / "workflow" / "scripts" / script)
 
 
 def features_dir(target):

@@ -12,7 +12,7 @@ rule benchmark_prompts:
         mirror=config["data"].get("mirror"),
         num_prompts=lambda wildcards: prompts_per_benchmark(wildcards.benchmark),
         seed=config["seed"],
-        code=stage_fingerprint("data"),
+        code=script_fingerprint("benchmark_prompts.py"),
     localrule: True
     script:
         "../scripts/benchmark_prompts.py"
@@ -30,7 +30,7 @@ rule training_prompts:
         num_prompts=config["data"]["train_prompts"],
         max_chars=config["data"].get("max_prompt_chars"),
         seed=config["seed"],
-        code=stage_fingerprint("data"),
+        code=script_fingerprint("training_prompts.py"),
     localrule: True
     script:
         "../scripts/training_prompts.py"

@@ -40,7 +40,7 @@ rule evaluate:
         tau_counts=config["eval"].get("tau_counts", "accepted-plus-bonus"),
         greedy_tie_margin=config["eval"].get("greedy_tie_margin", 0.5),
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
-        code=stage_fingerprint("evaluate"),
+        code=script_fingerprint("evaluate.py"),
     threads: JOB_THREADS
     resources:
         gpu=1,  # one GPU when the machine has one (local backend on CUDA, or SGLang); CPU otherwise

@@ -18,7 +18,7 @@ rule features:
         or config["features"].get("target_layer_ids"),
         max_seq_length=config["features"]["max_seq_length"],
         batch_size=config["features"]["batch_size"],
-        code=stage_fingerprint("features"),
+        code=script_fingerprint("features.py"),
     threads: JOB_THREADS
     script:
         "../scripts/features.py"

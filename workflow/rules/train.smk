@@ -30,7 +30,7 @@ rule train_drafter:
         seed=config["seed"],
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
-        code=stage_fingerprint("train"),
+        code=script_fingerprint("train_drafter.py"),
     threads: JOB_THREADS
     resources:
         # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two.
