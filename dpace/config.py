@@ -13,7 +13,7 @@ from pathlib import Path
 
 from dpace.conversations import dataset_name
 from dpace.data import BENCHMARKS, TRAIN_SETS
-from dpace.objectives import OBJECTIVES, canonical_objective, resolve_hparams, resolve_normalization
+from dpace.objectives import REGISTRY, canonical_objective, resolve_hparams, resolve_normalization
 
 GROUPS = ("main", "cross_model", "ablation", "smoothing", "block_size", "target_prob", "extras", "normalization")
 
@@ -203,8 +203,8 @@ def check_config(config: dict) -> None:
             "(SpecForge initialises its drafter at random); valid with specforge: random"
         )
     for name in config["train"].get("objective_hparams", {}):
-        if name not in OBJECTIVES:
-            raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(OBJECTIVES)}")
+        if name not in REGISTRY:
+            raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(REGISTRY)}")
     features = config["features"]
     for target_name, target in config["targets"].items():
         if target.get("responses") and dataset_name(target["responses"]) in TRAIN_SETS:
