@@ -225,6 +225,36 @@ def check_config(config: dict) -> None:
             raise ConfigError(f"experiments: target {variant.target!r} is not one of targets {sorted(config['targets'])}")
 
 
+def _yaml_typed(value):
+    """A --config value with every scalar read as YAML reads it ("8" -> 8, "1.0e-4" -> 0.0001)."""
+    import yaml
+
+    if isinstance(value, dict):
+        return {key: _yaml_typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_yaml_typed(item) for item in value]
+    if isinstance(value, str) and value:
+        return yaml.safe_load(value)
+    return value
+
+
+def apply_command_line_types(config: dict, overrides: dict, *, nested: bool = False) -> None:
+    """Give nested ``--config`` values (``overrides``, as Snakemake parsed them) their YAML types in
+    ``config``, in place.
+
+    Snakemake reads ``--config 'train={epochs: 8}'`` with YAML's BaseLoader, so every nested value
+    arrives as a string ('8') and would fail the schema, although the same text in a config file is
+    typed. Top-level values (``--config seed=3``) are typed by Snakemake already and stay as they are.
+    """
+    for key, value in overrides.items():
+        if key not in config:
+            continue
+        if isinstance(value, dict) and isinstance(config[key], dict):
+            apply_command_line_types(config[key], value, nested=True)
+        elif isinstance(value, list) or (nested and isinstance(value, str) and config[key] == value):
+            config[key] = _yaml_typed(value)
+
+
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
 

@@ -5,8 +5,11 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
-from dpace.config import ConfigError, all_variants, experiments, training_data, validate_config
+from dpace.config import ConfigError, all_variants, apply_command_line_types, experiments, training_data, validate_config
 from dpace import fingerprint
+
+# --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
+apply_command_line_types(config, dict(workflow.config_settings.config))
 
 try:
     validate_config(config)
