@@ -8,14 +8,13 @@ the same drafter share one training job and one evaluation.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpace.conversations import dataset_name
 from dpace.data import BENCHMARKS, TRAIN_SETS
 from dpace.objectives import REGISTRY, canonical_objective, resolve_hparams, resolve_normalization
-
-GROUPS = ("main", "cross_model", "ablation", "smoothing", "block_size", "target_prob", "extras", "normalization")
 
 
 class ConfigError(ValueError):
@@ -262,13 +261,24 @@ def _key_path(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
 
+def _fill_defaults(instance: dict, schema: dict) -> None:
+    """Set every absent key that the schema gives a ``default`` (the one place defaults are written)."""
+    for key, spec in schema.get("properties", {}).items():
+        if key not in instance and "default" in spec:
+            instance[key] = copy.deepcopy(spec["default"])
+        if isinstance(instance.get(key), dict):
+            _fill_defaults(instance[key], spec)
+
+
 def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> None:
     """Check ``config`` against the JSON schema, then the semantic checks; raise ``ConfigError``
-    with one line naming the key and what is allowed."""
+    with one line naming the key and what is allowed. Fills the schema's defaults into ``config``
+    first, so that the rules and scripts read every key without defaults of their own."""
     import jsonschema
     import yaml
 
     schema = yaml.safe_load(Path(schema_path).read_text())
+    _fill_defaults(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:

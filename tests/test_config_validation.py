@@ -167,3 +167,19 @@ def test_command_line_types_leave_top_level_values_and_configfile_values_alone()
     config = {"seed": 3, "main_target": "007", "train": {"epochs": "8", "mask_token": "<|MASK|>", "lr": "x"}}
     apply_command_line_types(config, {"seed": 3, "main_target": "007", "train": {"epochs": "8", "mask_token": "<|MASK|>"}})
     assert config == {"seed": 3, "main_target": "007", "train": {"epochs": 8, "mask_token": "<|MASK|>", "lr": "x"}}
+
+
+def test_schema_defaults_are_filled_in_once_and_rules_carry_none():
+    config = copy.deepcopy(SMOKE)
+    for key in ("weight_decay", "save_every_steps", "precision", "attention_backend", "objective_chunk_blocks"):
+        config["train"].pop(key, None)
+    config["generate"].pop("dtype", None)
+    validate_config(config)
+    assert (config["train"]["weight_decay"], config["train"]["save_every_steps"], config["train"]["precision"],
+            config["train"]["attention_backend"], config["generate"]["dtype"]) == (0.0, 50, "fp32", "sdpa", "float32")
+    for smk in (REPO / "workflow" / "rules").glob("*.smk"):
+        import re
+
+        assert not re.search(r'config\["\w+"\]\.get\("\w+", ', smk.read_text()), smk.name
+    for script in (REPO / "workflow" / "scripts").glob("*.py"):
+        assert "snakemake.config" not in script.read_text(), script.name

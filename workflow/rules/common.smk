@@ -21,7 +21,7 @@ except ConfigError as error:
 RESULTS = "results"
 # Heavy jobs take every core unless the config says otherwise, so two timing jobs never share the
 # CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side.
-JOB_THREADS = config.get("job_threads") or workflow.cores
+JOB_THREADS = config["job_threads"] or workflow.cores
 SCRATCH = f"{RESULTS}/scratch"
 
 
@@ -45,10 +45,6 @@ def prompts_per_benchmark(benchmark):
 
 def variant(wildcards):
     return VARIANTS[(wildcards.target, wildcards.variant)]
-
-
-def final_epoch(target, variant_id):
-    return VARIANTS[(target, variant_id)].epochs
 
 
 def eval_summary(target, variant_id, epoch, suite):

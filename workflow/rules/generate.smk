@@ -21,7 +21,7 @@ rule generate_responses:
         max_prompt_tokens=config["generate"]["max_prompt_tokens"],
         temperature=config["generate"]["temperature"],
         batch_size=config["generate"]["batch_size"],
-        dtype=config["generate"].get("dtype", "float32"),
+        dtype=config["generate"]["dtype"],
         seed=config["seed"],
         scratch=f"{SCRATCH}/responses/{{target}}/{{dataset}}.partial.jsonl",
         code=script_fingerprint("generate_responses.py"),
