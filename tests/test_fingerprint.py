@@ -65,6 +65,8 @@ def test_lazily_imported_backends_are_part_of_their_stage():
     assert "specforge_backend" in script_modules(scripts / "train_drafter.py")
     assert "sglang_backend" in script_modules(scripts / "evaluate.py")
     assert "training" not in script_modules(scripts / "render_artifact.py")
+    # Generation reaches the SGLang backend, but not the evaluation (decoding) code through it.
+    assert not {"evaluation", "decoding"} & set(script_modules(scripts / "generate_responses.py"))
 
 
 def test_every_rule_fingerprints_the_script_it_runs():
