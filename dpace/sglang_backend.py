@@ -271,22 +271,12 @@ def summarize_sglang(records: list[dict]) -> list[dict]:
 
 
 def evaluate_sglang(
-    target_json,
-    drafter_dir,
-    benchmark_files: dict[str, str | Path],
-    *,
-    temperatures,
-    verification: str,
-    max_new_tokens: int,
-    seed: int,
-    records_path,
-    summary_path,
-    blocks_path,
-    log_dir,
-    startup_timeout_s: float = 1800.0,
-    sampled_prompts: int | None = None,
+    target_json, drafter_dir, benchmark_files: dict[str, str | Path], *, temperatures, verification: str,
+    max_new_tokens: int, seed: int, records_path, summary_path, blocks_path, log_dir,
+    startup_timeout_s: float = 1800.0, sampled_prompts: int | None = None,
 ) -> list[dict]:
-    """Evaluate a drafter with SGLang's DFLASH speculative decoding; same outputs as the local backend."""
+    """Evaluate a drafter with SGLang's DFLASH speculative decoding; the arguments and outputs of
+    ``dpace.evaluation.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
     from dpace.targets import _resolve, chat_prompt_ids, load_tokenizer, stop_token_ids
 
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}

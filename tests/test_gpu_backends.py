@@ -659,9 +659,9 @@ def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):
     gpu_check = _gpu_check_module()
     path = tmp_path / "results" / "eval" / "tiny" / "dpace-alpha0.5-d1-b4-e2" / "epoch-2" / "full" / "summary.json"
     path.parent.mkdir(parents=True)
-    path.write_text(json.dumps([{"temperature": 0.0, "tau": 1.5, "speedup": 0.5, "greedy_mismatches": 0},
-                                {"temperature": 0.0, "tau": 2.5, "speedup": 1.5, "greedy_mismatches": 1}]))
+    path.write_text(json.dumps([{"temperature": 0.0, "tau": 1.5, "speedup": 0.5, "greedy_failures": 0},
+                                {"temperature": 0.0, "tau": 2.5, "speedup": 1.5, "greedy_failures": 1}]))
     assert eval_location(path) == ("tiny", "dpace-alpha0.5-d1-b4-e2", 2, "full")
     [row] = gpu_check.eval_results(tmp_path)
-    assert (row["variant"], row["suite"], row["tau"], row["SR"], row["greedy_mismatches"]) == (
+    assert (row["variant"], row["suite"], row["tau"], row["SR"], row["greedy_failures"]) == (
         "dpace-alpha0.5-d1-b4-e2", "full", 2.0, 1.0, 1)
