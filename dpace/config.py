@@ -8,14 +8,13 @@ the same drafter share one training job and one evaluation.
 
 from __future__ import annotations
 
+import copy
 from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpace.conversations import dataset_name
 from dpace.data import BENCHMARKS, TRAIN_SETS
-from dpace.objectives import OBJECTIVES, canonical_objective, resolve_hparams, resolve_normalization
-
-GROUPS = ("main", "cross_model", "ablation", "smoothing", "block_size", "target_prob", "extras", "normalization")
+from dpace.objectives import REGISTRY, canonical_objective, resolve_hparams, resolve_normalization
 
 
 class ConfigError(ValueError):
@@ -203,8 +202,8 @@ def check_config(config: dict) -> None:
             "(SpecForge initialises its drafter at random); valid with specforge: random"
         )
     for name in config["train"].get("objective_hparams", {}):
-        if name not in OBJECTIVES:
-            raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(OBJECTIVES)}")
+        if name not in REGISTRY:
+            raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(REGISTRY)}")
     features = config["features"]
     for target_name, target in config["targets"].items():
         if target.get("responses") and dataset_name(target["responses"]) in TRAIN_SETS:
@@ -225,6 +224,36 @@ def check_config(config: dict) -> None:
             raise ConfigError(f"experiments: target {variant.target!r} is not one of targets {sorted(config['targets'])}")
 
 
+def _yaml_typed(value):
+    """A --config value with every scalar read as YAML reads it ("8" -> 8, "1.0e-4" -> 0.0001)."""
+    import yaml
+
+    if isinstance(value, dict):
+        return {key: _yaml_typed(item) for key, item in value.items()}
+    if isinstance(value, list):
+        return [_yaml_typed(item) for item in value]
+    if isinstance(value, str) and value:
+        return yaml.safe_load(value)
+    return value
+
+
+def apply_command_line_types(config: dict, overrides: dict, *, nested: bool = False) -> None:
+    """Give nested ``--config`` values (``overrides``, as Snakemake parsed them) their YAML types in
+    ``config``, in place.
+
+    Snakemake reads ``--config 'train={epochs: 8}'`` with YAML's BaseLoader, so every nested value
+    arrives as a string ('8') and would fail the schema, although the same text in a config file is
+    typed. Top-level values (``--config seed=3``) are typed by Snakemake already and stay as they are.
+    """
+    for key, value in overrides.items():
+        if key not in config:
+            continue
+        if isinstance(value, dict) and isinstance(config[key], dict):
+            apply_command_line_types(config[key], value, nested=True)
+        elif isinstance(value, list) or (nested and isinstance(value, str) and config[key] == value):
+            config[key] = _yaml_typed(value)
+
+
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
 
@@ -232,13 +261,24 @@ def _key_path(path) -> str:
     return ".".join(str(p) for p in path) or "<top level>"
 
 
+def _fill_defaults(instance: dict, schema: dict) -> None:
+    """Set every absent key that the schema gives a ``default`` (the one place defaults are written)."""
+    for key, spec in schema.get("properties", {}).items():
+        if key not in instance and "default" in spec:
+            instance[key] = copy.deepcopy(spec["default"])
+        if isinstance(instance.get(key), dict):
+            _fill_defaults(instance[key], spec)
+
+
 def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> None:
     """Check ``config`` against the JSON schema, then the semantic checks; raise ``ConfigError``
-    with one line naming the key and what is allowed."""
+    with one line naming the key and what is allowed. Fills the schema's defaults into ``config``
+    first, so that the rules and scripts read every key without defaults of their own."""
     import jsonschema
     import yaml
 
     schema = yaml.safe_load(Path(schema_path).read_text())
+    _fill_defaults(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))
     if errors:

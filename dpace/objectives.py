@@ -24,63 +24,22 @@ the end with ``normalize_terms``; ``block_loss`` is the two together.
 from __future__ import annotations
 
 import math
+from collections.abc import Callable
+from dataclasses import dataclass
 from typing import NamedTuple
 
 import torch
 import torch.nn.functional as F
 from torch import Tensor
 
-OBJECTIVES: tuple[str, ...] = (
-    "dflash",
-    "dpace",
-    "dpace-cumulative",
-    "dpace-continuation",
-    "topk-prefix",
-    "accept-rate",
-    "dpace-target-prob",
-    "dpakl",
-    "pard2-cat",
-)
-
-# SpecForge 0.2.0 spells the two D-PACE ablations as loss_type values.
-OBJECTIVE_ALIASES: dict[str, str] = {
-    "dpace-cumulative-confidence-only": "dpace-cumulative",
-    "dpace-continuation-value-only": "dpace-continuation",
-}
-
-NEEDS_TARGET_LOGITS: frozenset[str] = frozenset({"dpace-target-prob", "dpakl", "pard2-cat"})
-
 NORMALIZATIONS: tuple[str, ...] = ("batch", "anchor", "weight", "token")
 
-# Released-code reductions (normalize=None): DFlash-style objectives are weighted means,
-# the D-PACE family is a per-sequence sum divided by the batch size (SpecForge 0.2.0).
-DEFAULT_NORMALIZATION: dict[str, str] = {
-    "dflash": "weight",
-    "topk-prefix": "weight",
-    "pard2-cat": "weight",
-    "dpace": "batch",
-    "dpace-cumulative": "batch",
-    "dpace-continuation": "batch",
-    "accept-rate": "batch",
-    "dpace-target-prob": "batch",
-    "dpakl": "batch",
-}
+# The smoothing alpha of the D-PACE family (q~_i = (1 - alpha) q_i + alpha), as in the paper.
+DEFAULT_ALPHA = 0.5
 
 # gamma_B of the DFlash decayed CE (App. "Loss formulations"): DFlash's 16->7, 10->5,
 # 8->4 and the paper's own 12->6. B counts the anchor, as DFlash's block_size does.
 DFLASH_DEFAULT_GAMMA: dict[int, float] = {16: 7.0, 10: 5.0, 8: 4.0, 12: 6.0}
-
-_HPARAM_DEFAULTS: dict[str, dict[str, float | int | None]] = {
-    "dflash": {"gamma": None},  # None: filled from the block size by resolve_hparams
-    "dpace": {"alpha": 0.5},
-    "dpace-cumulative": {"alpha": 0.5},
-    "dpace-continuation": {"alpha": 0.5},
-    "topk-prefix": {"k": 3},
-    "accept-rate": {},
-    "dpace-target-prob": {"alpha": 0.5},
-    "dpakl": {"alpha": 0.5},
-    "pard2-cat": {},
-}
 
 
 class ObjectiveTerms(NamedTuple):
@@ -107,13 +66,11 @@ class ObjectiveTerms(NamedTuple):
 
 def canonical_objective(name: str) -> str:
     """Canonical objective name; accepts SpecForge's loss_type spellings as aliases."""
-    canonical = OBJECTIVE_ALIASES.get(name, name)
-    if canonical not in OBJECTIVES:
-        aliases = ", ".join(f"{alias!r} (= {target!r})" for alias, target in OBJECTIVE_ALIASES.items())
-        raise ValueError(
-            f"unknown objective {name!r}; valid objectives: {', '.join(OBJECTIVES)}; aliases: {aliases}"
-        )
-    return canonical
+    for record in REGISTRY.values():
+        if name == record.name or name in record.aliases:
+            return record.name
+    aliases = ", ".join(f"{alias!r} (= {record.name!r})" for record in REGISTRY.values() for alias in record.aliases)
+    raise ValueError(f"unknown objective {name!r}; valid objectives: {', '.join(REGISTRY)}; aliases: {aliases}")
 
 
 def default_gamma(block_size: int) -> float:
@@ -134,7 +91,7 @@ def resolve_hparams(objective: str, block_size: int, **hparams) -> dict:
     the objective does not take are an error rather than silently ignored.
     """
     objective = canonical_objective(objective)
-    defaults = _HPARAM_DEFAULTS[objective]
+    defaults = REGISTRY[objective].hparams
     given = {key: value for key, value in hparams.items() if value is not None}
     unexpected = sorted(set(given) - set(defaults))
     if unexpected:
@@ -166,7 +123,7 @@ def resolve_normalization(objective: str, normalize: str | None) -> str:
     """The denominator mode actually used: ``normalize`` or the released code's default."""
     objective = canonical_objective(objective)
     if normalize is None:
-        return DEFAULT_NORMALIZATION[objective]
+        return REGISTRY[objective].normalization
     if normalize not in NORMALIZATIONS:
         raise ValueError(
             f"unknown normalize={normalize!r}; valid: None (released code), {', '.join(NORMALIZATIONS)}"
@@ -191,7 +148,7 @@ def _check_inputs(objective, draft_logits, target_ids, valid, target_logits) -> 
     if target_ids.is_floating_point() or target_ids.is_complex():
         raise ValueError(f"target_ids must be integer token ids, got dtype {target_ids.dtype}")
     if target_logits is None:
-        if objective in NEEDS_TARGET_LOGITS:
+        if REGISTRY[objective].needs_target_logits:
             raise ValueError(
                 f"objective {objective!r} needs target_logits (the target's logits at the same positions)"
             )
@@ -285,44 +242,107 @@ def _per_position_loss(objective, draft_logits, target_ids, target_logits) -> Te
     ).view_as(target_ids)
 
 
-def _position_weights(
-    objective, hparams, confidence, valid, draft_logits, target_ids, target_logits
-) -> Tensor:
-    """Detached per-position weights w_j (0 at invalid positions), shape [batch, blocks, B]."""
-    fvalid = valid.to(confidence.dtype)
-    if objective == "dflash":
-        # exp(-(j-1)/gamma): fixed decay; j is the absolute block position, anchor j=0 masked.
-        positions = torch.arange(valid.shape[-1], device=valid.device, dtype=confidence.dtype)
-        return torch.exp(-(positions - 1).clamp(min=0) / hparams["gamma"]) * fvalid
-    if objective in ("dpace", "dpakl"):
-        return _dpace_weights(confidence, valid, hparams["alpha"], "full")
-    if objective == "dpace-cumulative":
-        return _dpace_weights(confidence, valid, hparams["alpha"], "cumulative")
-    if objective == "dpace-continuation":
-        return _dpace_weights(confidence, valid, hparams["alpha"], "continuation")
-    if objective == "dpace-target-prob":
-        # Same closed form with the target's p_theta(z*_i) in place of the draft's q_i.
-        target_prob = _token_probability(target_logits, target_ids).to(confidence.dtype)
-        return _dpace_weights(target_prob, valid, hparams["alpha"], "full")
-    if objective == "accept-rate":
-        # Not used in the loss; these are its implicit gradient weights
-        # d(-S~)/d(CE_j) = sum_{m>=j} prod_{i<=m} q_i (D-PACE with alpha=0), for diagnostics.
-        return _dpace_weights(confidence, valid, 0.0, "full")
-    if objective == "topk-prefix":
-        # GRIFFIN mask m_j = prod_{i<j} 1[z*_i in TopK(q_i)]; z*_i is in the top k iff its
-        # draft logit reaches the k-th largest one (ties count in its favour). softmax is
-        # monotone, so logits rank like q. A partial top-k beats comparing against all V.
-        logits = draft_logits.detach()
-        target_logit = logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
-        kth_largest = torch.topk(logits, min(hparams["k"], logits.shape[-1]), dim=-1).values[..., -1]
-        in_top_k = target_logit >= kth_largest
-        return _exclusive_prefix_product(in_top_k.to(confidence.dtype), valid) * fvalid
-    if objective == "pard2-cat":
-        # PARD-2 confidence-adaptive token weight: product of the target's gold-token
-        # probabilities over the preceding in-block valid positions (1 at the first one).
-        target_prob = _token_probability(target_logits, target_ids).to(confidence.dtype)
-        return _exclusive_prefix_product(target_prob, valid) * fvalid
-    raise ValueError(f"unknown objective {objective!r}")  # canonical_objective ran before
+# Per-objective weight functions: (hparams, confidence q, valid, draft_logits, target_ids,
+# target_logits) -> detached per-position weights w_j, 0 at invalid positions.
+
+
+def _dflash_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    # exp(-(j-1)/gamma): fixed decay; j is the absolute block position, anchor j=0 masked.
+    positions = torch.arange(valid.shape[-1], device=valid.device, dtype=confidence.dtype)
+    return torch.exp(-(positions - 1).clamp(min=0) / hparams["gamma"]) * valid.to(confidence.dtype)
+
+
+def _dpace_full_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    return _dpace_weights(confidence, valid, hparams["alpha"], "full")
+
+
+def _dpace_cumulative_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    return _dpace_weights(confidence, valid, hparams["alpha"], "cumulative")
+
+
+def _dpace_continuation_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    return _dpace_weights(confidence, valid, hparams["alpha"], "continuation")
+
+
+def _target_prob_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    # Same closed form with the target's p_theta(z*_i) in place of the draft's q_i.
+    target_prob = _token_probability(target_logits, target_ids).to(confidence.dtype)
+    return _dpace_weights(target_prob, valid, hparams["alpha"], "full")
+
+
+def _accept_rate_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    # Not used in the loss; these are its implicit gradient weights
+    # d(-S~)/d(CE_j) = sum_{m>=j} prod_{i<=m} q_i (D-PACE with alpha=0), for diagnostics.
+    return _dpace_weights(confidence, valid, 0.0, "full")
+
+
+def _topk_prefix_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    # GRIFFIN mask m_j = prod_{i<j} 1[z*_i in TopK(q_i)]; z*_i is in the top k iff its
+    # draft logit reaches the k-th largest one (ties count in its favour). softmax is
+    # monotone, so logits rank like q. A partial top-k beats comparing against all V.
+    logits = draft_logits.detach()
+    target_logit = logits.gather(-1, target_ids.unsqueeze(-1)).squeeze(-1)
+    kth_largest = torch.topk(logits, min(hparams["k"], logits.shape[-1]), dim=-1).values[..., -1]
+    in_top_k = target_logit >= kth_largest
+    return _exclusive_prefix_product(in_top_k.to(confidence.dtype), valid) * valid.to(confidence.dtype)
+
+
+def _pard2_cat_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    # PARD-2 confidence-adaptive token weight: product of the target's gold-token
+    # probabilities over the preceding in-block valid positions (1 at the first one).
+    target_prob = _token_probability(target_logits, target_ids).to(confidence.dtype)
+    return _exclusive_prefix_product(target_prob, valid) * valid.to(confidence.dtype)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+@dataclass(frozen=True)
+class Objective:
+    """Everything the pipeline knows about one objective; every other module reads it from here."""
+
+    name: str
+    label: str  # table label; ``{k}``-style fields are filled from the hyper-parameters
+    hparams: dict  # hyper-parameter defaults; None = derived (dflash's gamma from the block size)
+    normalization: str  # the released code's denominator (normalize=None), one of NORMALIZATIONS
+    weights: Callable[..., Tensor]  # detached per-position weights w_j (see the functions above)
+    needs_target_logits: bool = False  # the target's logits at the drafted positions
+    aliases: tuple[str, ...] = ()  # other spellings (SpecForge 0.2.0's loss_type values)
+    table_rank: int = 0  # row order in the tables (D-PACE last, as in the paper)
+
+    def display_label(self, **hparams) -> str:
+        return self.label.format(**{**self.hparams, **{k: v for k, v in hparams.items() if v is not None}})
+
+
+# Released-code reductions: DFlash-style objectives are weighted means ("weight"), the D-PACE
+# family is a per-sequence sum divided by the batch size ("batch"), as in SpecForge 0.2.0.
+# dpakl and accept-rate change the per-position loss as well (``_per_position_loss``, ``objective_terms``).
+REGISTRY: dict[str, Objective] = {o.name: o for o in (
+    Objective("dflash", "DFlash", {"gamma": None}, "weight", _dflash_weights, table_rank=0),
+    Objective("dpace", "D-PACE", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_full_weights, table_rank=8),
+    Objective("dpace-cumulative", "cumulative-only", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_cumulative_weights,
+              aliases=("dpace-cumulative-confidence-only",), table_rank=4),
+    Objective("dpace-continuation", "continuation-only", {"alpha": DEFAULT_ALPHA}, "batch",
+              _dpace_continuation_weights, aliases=("dpace-continuation-value-only",), table_rank=3),
+    Objective("topk-prefix", "Top-{k} prefix mask", {"k": 3}, "weight", _topk_prefix_weights, table_rank=1),
+    Objective("accept-rate", "Accept-rate", {}, "batch", _accept_rate_weights, table_rank=2),
+    Objective("dpace-target-prob", "D-PACE (target prob)", {"alpha": DEFAULT_ALPHA}, "batch", _target_prob_weights,
+              needs_target_logits=True, table_rank=5),
+    Objective("dpakl", "D-PAKL", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_full_weights,
+              needs_target_logits=True, table_rank=6),
+    Objective("pard2-cat", "PARD-2 CAT", {}, "weight", _pard2_cat_weights, needs_target_logits=True, table_rank=7),
+)}
+
+# Views of the registry, for callers that need one fact about every objective.
+OBJECTIVES: tuple[str, ...] = tuple(REGISTRY)
+OBJECTIVE_ALIASES: dict[str, str] = {alias: o.name for o in REGISTRY.values() for alias in o.aliases}
+NEEDS_TARGET_LOGITS: frozenset[str] = frozenset(o.name for o in REGISTRY.values() if o.needs_target_logits)
+DEFAULT_NORMALIZATION: dict[str, str] = {o.name: o.normalization for o in REGISTRY.values()}
+
+
+def objective_record(name: str) -> Objective:
+    """The registry record of ``name`` (aliases accepted)."""
+    return REGISTRY[canonical_objective(name)]
 
 
 def _prepare(objective, draft_logits, target_ids, valid, target_logits, hparams):
@@ -340,9 +360,7 @@ def _prepare(objective, draft_logits, target_ids, valid, target_logits, hparams)
     # are built in at least float32 so a bf16 CE does not quantise them.
     weight_dtype = torch.promote_types(loss_per_position.dtype, torch.float32)
     confidence = torch.exp(-loss_per_position.detach().to(weight_dtype))
-    weights = _position_weights(
-        objective, hparams, confidence, valid, draft_logits, target_ids, target_logits
-    )
+    weights = REGISTRY[objective].weights(hparams, confidence, valid, draft_logits, target_ids, target_logits)
     return objective, hparams, valid, target_ids, loss_per_position, confidence, weights
 
 
@@ -481,17 +499,21 @@ def block_loss(
 
 
 __all__ = [
+    "DEFAULT_ALPHA",
     "DEFAULT_NORMALIZATION",
     "DFLASH_DEFAULT_GAMMA",
     "NEEDS_TARGET_LOGITS",
     "NORMALIZATIONS",
     "OBJECTIVES",
     "OBJECTIVE_ALIASES",
+    "REGISTRY",
+    "Objective",
     "ObjectiveTerms",
     "block_loss",
     "canonical_objective",
     "default_gamma",
     "normalize_terms",
+    "objective_record",
     "objective_terms",
     "position_weights",
     "resolve_hparams",

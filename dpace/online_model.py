@@ -19,10 +19,10 @@ from specforge.core.chunking import checkpointed_chunk_reduce
 from torch import Tensor, nn
 
 from dpace.objectives import (
-    NEEDS_TARGET_LOGITS,
     ObjectiveTerms,
     canonical_objective,
     normalize_terms,
+    objective_record,
     objective_terms,
     resolve_hparams,
     resolve_normalization,
@@ -74,7 +74,7 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
 
     @property
     def needs_target_logits(self) -> bool:
-        return self.objective in NEEDS_TARGET_LOGITS
+        return objective_record(self.objective).needs_target_logits
 
     def _same_position_labels(
         self, input_ids: Tensor, loss_mask: Tensor, anchor_positions: Tensor, block_keep_mask: Tensor
@@ -142,7 +142,7 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         """Parallel block-wise training step; returns (loss, accuracy, metrics).
 
         ``target_last_hidden_states`` [batch, seq, target hidden] is required by objectives
-        that need the target's distribution (``NEEDS_TARGET_LOGITS``) and ignored otherwise.
+        that need the target's distribution (``Objective.needs_target_logits``) and ignored otherwise.
         """
         if self.attention_backend == "flex_attention" and not FLEX_ATTENTION_AVAILABLE:
             raise ValueError("flex_attention is not available on this device; use sdpa/eager.")

@@ -18,7 +18,7 @@ METRIC_COLUMNS = [
 ]
 
 
-def _eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
+def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
     """``results/eval/<target>/<variant>/epoch-<e>/<suite>/summary.json`` -> its parts."""
     parts = Path(summary_path).parts
     target, variant, epoch_dir, suite = parts[-5], parts[-4], parts[-3], parts[-2]
@@ -33,7 +33,7 @@ def group_metrics(
     meta = {(v["target"], v["variant"]): v for v in variants}
     rows, blocks, requests = [], [], []
     for path in summary_paths:
-        target, variant_id, epoch, suite = _eval_location(path)
+        target, variant_id, epoch, suite = eval_location(path)
         info = meta[(target, variant_id)]
         hparams = info.get("hparams", {})
         base = {

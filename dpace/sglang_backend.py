@@ -46,10 +46,18 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpace.eval_records import (
+    BLOCK_COLUMNS,
+    WARMUP_TOKENS,
+    evaluation_plan,
+    load_benchmark,
+    record_key,
+    select_records,
+    summarize,
+)
 from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, read_partial_jsonl
 
 INSTALL_HINT = "SGLang is the GPU-only optional extra: pip install -e .[gpu] (on a CUDA machine)"
-WARMUP_TOKENS = 16
 
 
 def require_sglang():
@@ -239,10 +247,6 @@ def _greedy(spec_ids: list[int], ar_ids: list[int]) -> dict:
     }
 
 
-def _key(benchmark, temperature, verification, prompt_id) -> tuple:
-    return (benchmark, float(temperature), verification, str(prompt_id))
-
-
 def drafter_block_size(drafter_dir: str | Path) -> int:
     config = json.loads((Path(drafter_dir) / "config.json").read_text())
     size = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
@@ -252,9 +256,7 @@ def drafter_block_size(drafter_dir: str | Path) -> int:
 
 
 def summarize_sglang(records: list[dict]) -> list[dict]:
-    """``dpace.evaluation.summarize`` rows, with tau from SGLang's per-request accept lengths."""
-    from dpace.evaluation import summarize
-
+    """``dpace.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
     rows = summarize(records)
     for row in rows:
         group = [r for r in records if (r["benchmark"], r["temperature"], r["verification"])
@@ -269,23 +271,12 @@ def summarize_sglang(records: list[dict]) -> list[dict]:
 
 
 def evaluate_sglang(
-    target_json,
-    drafter_dir,
-    benchmark_files: dict[str, str | Path],
-    *,
-    temperatures,
-    verification: str,
-    max_new_tokens: int,
-    seed: int,
-    records_path,
-    summary_path,
-    blocks_path,
-    log_dir,
-    startup_timeout_s: float = 1800.0,
-    sampled_prompts: int | None = None,
+    target_json, drafter_dir, benchmark_files: dict[str, str | Path], *, temperatures, verification: str,
+    max_new_tokens: int, seed: int, records_path, summary_path, blocks_path, log_dir,
+    startup_timeout_s: float = 1800.0, sampled_prompts: int | None = None,
 ) -> list[dict]:
-    """Evaluate a drafter with SGLang's DFLASH speculative decoding; same outputs as the local backend."""
-    from dpace.evaluation import BLOCK_COLUMNS, evaluation_plan, load_benchmark
+    """Evaluate a drafter with SGLang's DFLASH speculative decoding; the arguments and outputs of
+    ``dpace.evaluation.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
     from dpace.targets import _resolve, chat_prompt_ids, load_tokenizer, stop_token_ids
 
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
@@ -307,8 +298,8 @@ def evaluate_sglang(
 
     finals = check(read_partial_jsonl(records_path), records_path)
     spec_rows = check(read_partial_jsonl(spec_path), spec_path)
-    final_done = {_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in finals}
-    spec_done = {_key(r["benchmark"], r["temperature"], r["verification"], r["id"]): r for r in spec_rows}
+    final_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in finals}
+    spec_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]): r for r in spec_rows}
 
     def warm_up(server, text):
         ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
@@ -316,8 +307,8 @@ def evaluate_sglang(
             server.generate(ids, _sampling(temperature, WARMUP_TOKENS, stops))
 
     # Phase 1: the drafter server, every turn of every pending prompt.
-    todo = [w for w in wanted if _key(w[0], w[1], verification, w[3]["id"]) not in final_done
-            and _key(w[0], w[1], verification, w[3]["id"]) not in spec_done]
+    todo = [w for w in wanted if record_key(w[0], w[1], verification, w[3]["id"]) not in final_done
+            and record_key(w[0], w[1], verification, w[3]["id"]) not in spec_done]
     if todo:
         port = free_port()
         command = server_command(model_path, port, drafter=str(drafter_dir), block_size=block_size, seed=seed,
@@ -345,10 +336,10 @@ def evaluate_sglang(
                           "verification": verification, "max_new_tokens": max_new_tokens, "seed": seed,
                           "block_size": block_size, "turns": turns}
                 out.write(record)
-                spec_done[_key(name, temperature, verification, row["id"])] = record
+                spec_done[record_key(name, temperature, verification, row["id"])] = record
 
     # Phase 2: the same server without a drafter, on the very same token ids.
-    todo = [spec_done[k] for k in (_key(w[0], w[1], verification, w[3]["id"]) for w in wanted)
+    todo = [spec_done[k] for k in (record_key(w[0], w[1], verification, w[3]["id"]) for w in wanted)
             if k not in final_done and k in spec_done]
     if todo:
         port = free_port()
@@ -373,12 +364,7 @@ def evaluate_sglang(
                 out.write(record)
                 finals.append(record)
 
-    selected = {}
-    for r in finals:
-        selected.setdefault(_key(r["benchmark"], r["temperature"], r["verification"], r["id"]), r)
-    order = {name: i for i, name in enumerate(benchmarks)}
-    rows = [selected[k] for k in (_key(w[0], w[1], verification, w[3]["id"]) for w in wanted) if k in selected]
-    rows.sort(key=lambda r: (order[r["benchmark"]], temperatures.index(r["temperature"]), r["prompt_index"]))
+    rows = select_records(finals, wanted, verification)
     summary = summarize_sglang(rows)
     atomic_write_json(summary_path, summary)
     atomic_write_text(blocks_path, ",".join(BLOCK_COLUMNS) + "\n")

@@ -91,9 +91,9 @@ class ObjectiveSpec:
 
     @property
     def needs_target_logits(self) -> bool:
-        from dpace.objectives import NEEDS_TARGET_LOGITS, canonical_objective
+        from dpace.objectives import objective_record
 
-        return canonical_objective(self.objective) in NEEDS_TARGET_LOGITS
+        return objective_record(self.objective).needs_target_logits
 
 
 def algorithm_registration(spec: ObjectiveSpec):

@@ -37,6 +37,8 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from dpace.objectives import DEFAULT_ALPHA, REGISTRY
+
 BENCHMARKS: tuple[str, ...] = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench", "alpaca")
 BENCHMARK_LABELS: dict[str, str] = {
     "gsm8k": "GSM8K",
@@ -54,28 +56,9 @@ BENCHMARK_CATEGORIES: dict[str, str] = {
     "mt_bench": "Chat",
     "alpaca": "Chat",
 }
-OBJECTIVE_ORDER: tuple[str, ...] = (
-    "dflash",
-    "topk-prefix",
-    "accept-rate",
-    "dpace-continuation",
-    "dpace-cumulative",
-    "dpace-target-prob",
-    "dpakl",
-    "pard2-cat",
-    "dpace",
-)
-OBJECTIVE_LABELS: dict[str, str] = {
-    "dflash": "DFlash",
-    "topk-prefix": "Top-3 prefix mask",
-    "accept-rate": "Accept-rate",
-    "dpace": "D-PACE",
-    "dpace-cumulative": "cumulative-only",
-    "dpace-continuation": "continuation-only",
-    "dpace-target-prob": "D-PACE (target prob)",
-    "dpakl": "D-PAKL",
-    "pard2-cat": "PARD-2 CAT",
-}
+# Row order and labels come from the objective registry (dpace.objectives.REGISTRY).
+OBJECTIVE_ORDER: tuple[str, ...] = tuple(sorted(REGISTRY, key=lambda name: REGISTRY[name].table_rank))
+OBJECTIVE_LABELS: dict[str, str] = {name: record.display_label() for name, record in REGISTRY.items()}
 NORMALIZE_ORDER: tuple[str, ...] = ("batch", "anchor", "weight", "token", "default")
 CONFIG: tuple[str, ...] = ("target", "depth", "block_size")
 METRIC_COLUMNS: tuple[str, ...] = (
@@ -166,10 +149,9 @@ def _row(cells: Iterable[str]) -> str:
 
 def objective_label(objective: str, k: object = None) -> str:
     """Display name of an objective (``k`` names the top-k of the prefix-mask baseline)."""
-    if objective == "topk-prefix":
-        kk = int(float(k)) if _finite(k) else 3  # type: ignore[arg-type]
-        return f"Top-{kk} prefix mask"
-    return OBJECTIVE_LABELS.get(objective, tex_escape(objective))
+    if objective not in REGISTRY:
+        return tex_escape(objective)
+    return REGISTRY[objective].display_label(k=int(float(k)) if _finite(k) else None)  # type: ignore[arg-type]
 
 
 def benchmark_label(benchmark: str) -> str:
@@ -609,7 +591,7 @@ def table_ablation(metrics: pd.DataFrame, *, benchmark: str = "math500", tempera
 
 
 def table_smoothing(
-    metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0, default_alpha: float = 0.5
+    metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0, default_alpha: float = DEFAULT_ALPHA
 ) -> str:
     """Table 5 (``tab:smoothing-sweep``): average tau per alpha (D-PACE) plus DFlash, one row per
     (target, depth, B) of group ``smoothing``; best per row bold.

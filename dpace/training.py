@@ -34,7 +34,7 @@ from dpace.drafter import (
 from dpace.features import FeatureSet, load_features, target_hidden_states
 from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_write_json, read_partial_jsonl
-from dpace.objectives import NEEDS_TARGET_LOGITS, canonical_objective, resolve_hparams
+from dpace.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.online_model import ObjectiveDFlashModel
 from dpace.targets import load_target
 
@@ -164,7 +164,7 @@ def train_drafter(
             raise ValueError(f"mask_token {config.mask_token!r} is not a token of the target's tokenizer")
     elif not 0 <= mask_token_id < target.config.vocab_size:
         raise ValueError(f"mask_token_id {mask_token_id} is outside the target's vocabulary")
-    needs_target = objective in NEEDS_TARGET_LOGITS
+    needs_target = objective_record(objective).needs_target_logits
     online = features.hidden is None  # features mode "online": the target runs every step
     if needs_target and not online and features.last_hidden is None:
         raise ValueError(f"objective {objective!r} needs the target's last hidden states; features lack them")

@@ -128,3 +128,58 @@ def test_table_1_checkpoint_readings():
     no_ablation = _set(PAPER, "experiments", {"main": PAPER["experiments"]["main"]})
     with pytest.raises(ConfigError, match="experiments.main.checkpoint: 'ablation-run' needs experiments.ablation"):
         experiments(no_ablation)
+
+
+def _dry_run_with_override(tmp_path, override: str) -> subprocess.CompletedProcess:
+    path = tmp_path / "smoke.yaml"
+    path.write_text(yaml.safe_dump(SMOKE))
+    return subprocess.run(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path), "--configfile",
+         str(path), "--replace-workflow-config", "--config", override, "--cores", "1", "-n",
+         "results/table_main.tex"],
+        capture_output=True, text=True, timeout=300,
+    )
+
+
+@pytest.mark.parametrize("override,planned", [
+    ("train={epochs: 3}", "-e3"),
+    ("train={learning_rate: 2.0e-3, weight_decay: 0}", "-e2"),
+    ("train={objective_hparams: {topk-prefix: {k: 2}}}", "topk-prefix-k2-"),
+    ("eval={temperatures: [0, 0.5]}", "-e2"),
+])
+def test_nested_command_line_overrides_have_their_yaml_types(tmp_path, override, planned):
+    """Snakemake hands nested --config values over as strings ('3'); they are read as YAML reads them."""
+    result = _dry_run_with_override(tmp_path, override)
+    assert result.returncode == 0, (result.stdout + result.stderr)[-3000:]
+    assert planned in result.stdout
+
+
+def test_a_bad_command_line_override_names_the_key(tmp_path):
+    result = _dry_run_with_override(tmp_path, "train={epochs: eight}")
+    assert result.returncode != 0
+    line = next(line for line in (result.stdout + result.stderr).splitlines() if "invalid configuration:" in line)
+    assert "train.epochs: 'eight' is not of type 'integer'" in line
+
+
+def test_command_line_types_leave_top_level_values_and_configfile_values_alone():
+    from dpace.config import apply_command_line_types
+
+    config = {"seed": 3, "main_target": "007", "train": {"epochs": "8", "mask_token": "<|MASK|>", "lr": "x"}}
+    apply_command_line_types(config, {"seed": 3, "main_target": "007", "train": {"epochs": "8", "mask_token": "<|MASK|>"}})
+    assert config == {"seed": 3, "main_target": "007", "train": {"epochs": 8, "mask_token": "<|MASK|>", "lr": "x"}}
+
+
+def test_schema_defaults_are_filled_in_once_and_rules_carry_none():
+    config = copy.deepcopy(SMOKE)
+    for key in ("weight_decay", "save_every_steps", "precision", "attention_backend", "objective_chunk_blocks"):
+        config["train"].pop(key, None)
+    config["generate"].pop("dtype", None)
+    validate_config(config)
+    assert (config["train"]["weight_decay"], config["train"]["save_every_steps"], config["train"]["precision"],
+            config["train"]["attention_backend"], config["generate"]["dtype"]) == (0.0, 50, "fp32", "sdpa", "float32")
+    for smk in (REPO / "workflow" / "rules").glob("*.smk"):
+        import re
+
+        assert not re.search(r'config\["\w+"\]\.get\("\w+", ', smk.read_text()), smk.name
+    for script in (REPO / "workflow" / "scripts").glob("*.py"):
+        assert "snakemake.config" not in script.read_text(), script.name

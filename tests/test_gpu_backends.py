@@ -651,3 +651,17 @@ def test_gpu_check_quick_cut_takes_a_tokenizer_folder_and_plans_few_jobs(tmp_pat
     assert result.returncode == 0, result.stderr[-2000:]
     total = re.search(r"^total\s+(\d+)$", result.stdout, re.MULTILINE)
     assert total and int(total.group(1)) <= 12, result.stdout[-2000:]
+
+
+def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):
+    from dpace.report import eval_location
+
+    gpu_check = _gpu_check_module()
+    path = tmp_path / "results" / "eval" / "tiny" / "dpace-alpha0.5-d1-b4-e2" / "epoch-2" / "full" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text(json.dumps([{"temperature": 0.0, "tau": 1.5, "speedup": 0.5, "greedy_failures": 0},
+                                {"temperature": 0.0, "tau": 2.5, "speedup": 1.5, "greedy_failures": 1}]))
+    assert eval_location(path) == ("tiny", "dpace-alpha0.5-d1-b4-e2", 2, "full")
+    [row] = gpu_check.eval_results(tmp_path)
+    assert (row["variant"], row["suite"], row["tau"], row["SR"], row["greedy_failures"]) == (
+        "dpace-alpha0.5-d1-b4-e2", "full", 2.0, 1.0, 1)

@@ -567,3 +567,49 @@ def test_resolve_hparams_fills_defaults():
     assert resolve_hparams("accept-rate", 16) == {}
     with pytest.raises(ValueError, match="no default gamma for block size B=5"):
         resolve_hparams("dflash", 5)
+
+
+# --------------------------------------------------------------------------- the registry
+
+
+def test_one_registry_record_is_all_a_new_objective_needs(monkeypatch):
+    """A record plus its weight formula: the loss, the hyper-parameter defaults, the default
+    denominator, the config's variants, SpecForge's spec and the table label all pick it up."""
+    from dpace import objectives, tables
+    from dpace.config import experiments
+    from dpace.specforge_backend import ObjectiveSpec
+
+    def squared_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits):
+        return (confidence**2 + hparams["alpha"]) * valid.to(confidence.dtype)
+
+    record = objectives.Objective("squared-q", "Squared q", {"alpha": 0.25}, "token", squared_weights,
+                                  aliases=("sq",), table_rank=7)
+    monkeypatch.setitem(objectives.REGISTRY, "squared-q", record)
+
+    draft_logits, target_ids, valid, _ = make_inputs(5)
+    loss, diagnostics = block_loss("sq", draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    ce = F.cross_entropy(draft_logits.detach().flatten(0, 2), target_ids.flatten(), reduction="none").view_as(valid)
+    weights = (torch.exp(-ce) ** 2 + 0.25) * valid
+    expected = (weights * ce).sum() / valid.sum()  # "token": valid positions
+    assert diagnostics["normalization"] == "token"
+    assert loss.item() == pytest.approx(expected.item(), rel=1e-9)
+    assert resolve_hparams("squared-q", 8) == {"alpha": 0.25}
+    with pytest.raises(ValueError, match="takes \\['alpha'\\]"):
+        resolve_hparams("squared-q", 8, k=2)
+
+    config = {"main_target": "t", "train": {"block_size": 8, "depth": 1, "epochs": 2},
+              "experiments": {"main": {"objectives": ["sq"]}}}
+    assert [v.id for v in experiments(config)["main"].variants] == ["squared-q-alpha0.25-d1-b8-e2"]
+    assert ObjectiveSpec("sq").resolved(8).hparams == {"alpha": 0.25}
+    assert not ObjectiveSpec("sq").needs_target_logits
+    assert tables.objective_label("squared-q") == "Squared q"
+
+
+def test_registry_views_agree_with_the_records():
+    from dpace.objectives import OBJECTIVE_ALIASES, REGISTRY
+
+    assert OBJECTIVES == tuple(REGISTRY)
+    assert NEEDS_TARGET_LOGITS == {"dpace-target-prob", "dpakl", "pard2-cat"}
+    assert {name: canonical_objective(alias) for alias, name in OBJECTIVE_ALIASES.items()} == {
+        name: name for name in OBJECTIVE_ALIASES.values()}
+    assert all(DEFAULT_NORMALIZATION[name] == record.normalization for name, record in REGISTRY.items())

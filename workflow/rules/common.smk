@@ -5,8 +5,11 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
-from dpace.config import ConfigError, all_variants, experiments, training_data, validate_config
-from dpace.fingerprint import stage_fingerprint
+from dpace.config import ConfigError, all_variants, apply_command_line_types, experiments, training_data, validate_config
+from dpace import fingerprint
+
+# --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
+apply_command_line_types(config, dict(workflow.config_settings.config))
 
 try:
     validate_config(config)
@@ -18,12 +21,17 @@ except ConfigError as error:
 RESULTS = "results"
 # Heavy jobs take every core unless the config says otherwise, so two timing jobs never share the
 # CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side.
-JOB_THREADS = config.get("job_threads") or workflow.cores
+JOB_THREADS = config["job_threads"] or workflow.cores
 SCRATCH = f"{RESULTS}/scratch"
 
 
 # Names of the data sets imported with the target's answers already in them (targets.<t>.responses).
 IMPORTED = sorted({training_data(config, name) for name, t in config["targets"].items() if t.get("responses")})
+
+
+def script_fingerprint(script):
+    """A job's code fingerprint: every dpace module its script (workflow/scripts/<script>) imports."""
+    return fingerprint.script_fingerprint(Path(workflow.basedir) / "workflow" / "scripts" / script)
 
 
 def features_dir(target):
@@ -37,10 +45,6 @@ def prompts_per_benchmark(benchmark):
 
 def variant(wildcards):
     return VARIANTS[(wildcards.target, wildcards.variant)]
-
-
-def final_epoch(target, variant_id):
-    return VARIANTS[(target, variant_id)].epochs
 
 
 def eval_summary(target, variant_id, epoch, suite):

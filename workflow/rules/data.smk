@@ -9,10 +9,10 @@ rule benchmark_prompts:
     benchmark:
         f"{RESULTS}/benchmarks/data/benchmark_{{benchmark}}.tsv"
     params:
-        mirror=config["data"].get("mirror"),
+        mirror=config["data"]["mirror"],
         num_prompts=lambda wildcards: prompts_per_benchmark(wildcards.benchmark),
         seed=config["seed"],
-        code=stage_fingerprint("data"),
+        code=script_fingerprint("benchmark_prompts.py"),
     localrule: True
     script:
         "../scripts/benchmark_prompts.py"
@@ -26,11 +26,11 @@ rule training_prompts:
     benchmark:
         f"{RESULTS}/benchmarks/data/train_{{dataset}}.tsv"
     params:
-        mirror=config["data"].get("mirror"),
+        mirror=config["data"]["mirror"],
         num_prompts=config["data"]["train_prompts"],
-        max_chars=config["data"].get("max_prompt_chars"),
+        max_chars=config["data"]["max_prompt_chars"],
         seed=config["seed"],
-        code=stage_fingerprint("data"),
+        code=script_fingerprint("training_prompts.py"),
     localrule: True
     script:
         "../scripts/training_prompts.py"

@@ -32,15 +32,15 @@ rule evaluate:
         temperatures=lambda wildcards: SUITES[wildcards.suite]["temperatures"],
         verification=config["eval"]["verification"],
         max_new_tokens=config["eval"]["max_new_tokens"],
-        sampled_prompts=config["eval"].get("sampled_prompts_per_benchmark"),
+        sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
         seed=config["seed"],
         backend=lambda wildcards: SUITES[wildcards.suite].get("backend", config["eval"]["backend"]),
-        dtype=config["eval"].get("dtype", "float32"),
-        decode_clock=config["eval"].get("decode_clock", "after-first-draft"),
-        tau_counts=config["eval"].get("tau_counts", "accepted-plus-bonus"),
-        greedy_tie_margin=config["eval"].get("greedy_tie_margin", 0.5),
+        dtype=config["eval"]["dtype"],
+        decode_clock=config["eval"]["decode_clock"],
+        tau_counts=config["eval"]["tau_counts"],
+        greedy_tie_margin=config["eval"]["greedy_tie_margin"],
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
-        code=stage_fingerprint("evaluate"),
+        code=script_fingerprint("evaluate.py"),
     threads: JOB_THREADS
     resources:
         gpu=1,  # one GPU when the machine has one (local backend on CUDA, or SGLang); CPU otherwise

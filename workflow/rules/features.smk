@@ -15,10 +15,10 @@ rule features:
         mode=config["features"]["mode"],
         num_target_features=config["features"]["num_target_features"],
         target_layer_ids=lambda wildcards: config["targets"][wildcards.target].get("target_layer_ids")
-        or config["features"].get("target_layer_ids"),
+        or config["features"]["target_layer_ids"],
         max_seq_length=config["features"]["max_seq_length"],
         batch_size=config["features"]["batch_size"],
-        code=stage_fingerprint("features"),
+        code=script_fingerprint("features.py"),
     threads: JOB_THREADS
     script:
         "../scripts/features.py"

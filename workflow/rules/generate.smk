@@ -21,10 +21,10 @@ rule generate_responses:
         max_prompt_tokens=config["generate"]["max_prompt_tokens"],
         temperature=config["generate"]["temperature"],
         batch_size=config["generate"]["batch_size"],
-        dtype=config["generate"].get("dtype", "float32"),
+        dtype=config["generate"]["dtype"],
         seed=config["seed"],
         scratch=f"{SCRATCH}/responses/{{target}}/{{dataset}}.partial.jsonl",
-        code=stage_fingerprint("generate"),
+        code=script_fingerprint("generate_responses.py"),
     threads: JOB_THREADS
     resources:
         gpu=1 if config["generate"]["backend"] == "sglang" else 0,
@@ -45,7 +45,7 @@ rule import_responses:
         source=lambda wildcards: config["targets"][wildcards.target]["responses"],
         num_conversations=config["data"]["train_prompts"],
         seed=config["seed"],
-        code=stage_fingerprint("import"),
+        code=script_fingerprint("import_responses.py"),
     localrule: True
     script:
         "../scripts/import_responses.py"

@@ -19,7 +19,7 @@ rule group_metrics:
         f"{RESULTS}/benchmarks/report/metrics_{{group}}.tsv"
     params:
         variants=lambda wildcards: group_metadata(wildcards.group),
-        code=stage_fingerprint("report"),
+        code=script_fingerprint("group_metrics.py"),
     localrule: True
     script:
         "../scripts/group_metrics.py"
@@ -43,7 +43,7 @@ rule local_blocks:
         f"{RESULTS}/benchmarks/report/metrics_main_local.tsv"
     params:
         variants=group_metadata("main"),
-        code=stage_fingerprint("report"),
+        code=script_fingerprint("group_metrics.py"),
     localrule: True
     script:
         "../scripts/group_metrics.py"
@@ -63,7 +63,7 @@ rule group_training:
         f"{RESULTS}/benchmarks/report/training_{{group}}.tsv"
     params:
         variants=lambda wildcards: group_metadata(wildcards.group),
-        code=stage_fingerprint("report"),
+        code=script_fingerprint("group_training.py"),
     localrule: True
     script:
         "../scripts/group_training.py"
@@ -79,7 +79,7 @@ rule render_table:
     benchmark:
         f"{RESULTS}/benchmarks/report/{{table}}.tsv"
     params:
-        code=stage_fingerprint("report"),
+        code=script_fingerprint("render_artifact.py"),
     localrule: True
     script:
         "../scripts/render_artifact.py"
@@ -96,7 +96,7 @@ rule render_figure:
     benchmark:
         f"{RESULTS}/benchmarks/report/{{figure}}.tsv"
     params:
-        code=stage_fingerprint("report"),
+        code=script_fingerprint("render_artifact.py"),
     localrule: True
     script:
         "../scripts/render_artifact.py"

@@ -11,6 +11,6 @@ rule prepare_target:
     params:
         spec=lambda wildcards: config["targets"][wildcards.target],
         seed=config["seed"],
-        code=stage_fingerprint("target"),
+        code=script_fingerprint("prepare_target.py"),
     script:
         "../scripts/prepare_target.py"

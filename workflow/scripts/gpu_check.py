@@ -115,10 +115,12 @@ def stage_times(workdir: Path) -> dict[str, float]:
 
 def eval_results(workdir: Path) -> list[dict]:
     """Mean tau and SR over benchmarks per (variant, temperature), from every evaluation summary."""
+    from dpace.report import eval_location
+
     out = []
     for path in sorted((workdir / "results" / "eval").rglob("summary.json")):
         rows = json.loads(path.read_text())
-        variant, suite = path.parts[-4], path.parts[-2]
+        _, variant, _, suite = eval_location(path)
         for temperature in sorted({r["temperature"] for r in rows}):
             sel = [r for r in rows if r["temperature"] == temperature]
             taus = [r["tau"] for r in sel if r.get("tau") is not None]

@@ -6,7 +6,6 @@ sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402 (after the log redirect)
 
 params = snakemake.params
-target = snakemake.config["targets"][snakemake.wildcards.target]
 out_dir = Path(snakemake.output.summary).parent
 gpus = int(snakemake.resources.get("gpu", 0))
 # What both backends train with, beyond the variant's own settings.
@@ -28,16 +27,16 @@ if params.backend == "specforge":
             scratch_dir=params.scratch,
             gpus=ids,
             mask_token=params.mask_token,
-            mask_token_id=target.get("mask_token_id"),
-            max_length=snakemake.config["features"]["max_seq_length"],
+            mask_token_id=params.mask_token_id,
+            max_length=params.max_seq_length,
             precision=params.precision,
             attention_backend=params.attention_backend,
         )
 elif params.backend == "local":
     from dpace.training import TrainConfig, train_drafter
 
-    mask_token_id = target.get("mask_token_id")
-    mask = {"mask_token": params.mask_token, "mask_token_id": None if mask_token_id is None else int(mask_token_id)}
+    mask = {"mask_token": params.mask_token,
+            "mask_token_id": None if params.mask_token_id is None else int(params.mask_token_id)}
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
     with gpu_slot(1 if gpus and machine_gpu_ids() else 0) as ids:
         import torch

@@ -1,0 +1,159 @@
+"""Evaluation records shared by both evaluation backends (in-process decoding and SGLang):
+benchmark rows, the plan of requests, the per-prompt record key that resumes a run, the selection of
+a run's records and their summary by DFlash's definitions. No torch here: response generation
+reaches this module through the SGLang backend.
+"""
+
+from __future__ import annotations
+
+import statistics
+from collections.abc import Iterable
+from pathlib import Path
+
+from dpace.io import read_jsonl
+
+BLOCK_COLUMNS = ["benchmark", "temperature", "prompt_index", "block_index", "tau_block", "sum_q", "surrogate", "turn"]
+WARMUP_TOKENS = 16
+# A step's length in tau and the histogram:
+# "accepted-plus-bonus": accepted + 1 for every step, also the one in which a stop token ends the
+#   output (DFlash's benchmark, z-lab/dflash Jan-Apr 2026, which the paper's numbers come from);
+# "emitted": the tokens the step added to the output (dflash 0.1.0 on PyPI).
+TAU_COUNTS = ("accepted-plus-bonus", "emitted")
+# Greedy divergences in bf16: batched (verify) and one-token (autoregressive) forwards round
+# differently, so the two greedy streams part where the target's top two logits nearly tie. A
+# divergence whose top-2 margin is below this many logits is counted as such a numerical tie; any
+# other is a failure of losslessness. bf16 keeps 8 significant bits: a logit between 16 and 32 is
+# stored to 0.125, and a few such roundings through the layers move it by more than that.
+GREEDY_TIE_MARGIN = 0.5
+
+
+def load_benchmark(path: str | Path, name: str) -> list[dict]:
+    """Rows ``{"id", "benchmark", "turns"}`` of a benchmark jsonl, checked."""
+    rows = list(read_jsonl(path))
+    for line, row in enumerate(rows, start=1):
+        turns = row.get("turns")
+        if "id" not in row or not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
+            raise ValueError(f"{path}: row {line} needs an 'id' and a non-empty list of string 'turns'")
+    ids = [str(row["id"]) for row in rows]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"{path}: duplicate ids in benchmark {name!r}")
+    return rows
+
+
+def record_key(benchmark: str, temperature: float, verification: str, prompt_id) -> tuple:
+    return (benchmark, float(temperature), verification, str(prompt_id))
+
+
+def evaluation_plan(
+    benchmarks: dict[str, list[dict]], temperatures, sampled_prompts: int | None = None
+) -> list[tuple[str, float, int, dict]]:
+    """(benchmark, temperature, prompt index, row) for every request to decode, benchmark by benchmark.
+
+    Every prompt at T = 0; at T > 0 only the first ``sampled_prompts`` of each benchmark (None: all),
+    because sampled decoding is the costlier and noisier half of a CPU evaluation. Every drafter gets
+    the same plan, so comparisons between drafters stay paired.
+    """
+    return [
+        (name, float(temperature), index, row)
+        for name, rows in benchmarks.items()
+        for temperature in temperatures
+        for index, row in enumerate(rows)
+        if float(temperature) == 0 or sampled_prompts is None or index < sampled_prompts
+    ]
+
+
+def divergence_verdict(greedy: dict, tie_margin: float) -> str | None:
+    """``None`` when the speculative and greedy outputs agree; else ``"tie"`` when the target's top-2
+    logit margin at the first divergence is below ``tie_margin``, ``"failure"`` when it is not, and
+    ``"unknown"`` when no margin was measured (SGLang)."""
+    if greedy["first_mismatch"] is None:
+        return None
+    if greedy.get("top2_margin") is None:
+        return "unknown"
+    return "tie" if greedy["top2_margin"] < tie_margin else "failure"
+
+
+def _step_lengths(turn: dict, tau_counts: str) -> list[int]:
+    if tau_counts == "accepted-plus-bonus" and turn.get("block_lengths") is not None:
+        return turn["block_lengths"]
+    return turn["acceptance_lengths"]  # SGLang reports only what the steps emitted
+
+
+def select_records(records: Iterable[dict], plan: list[tuple[str, float, int, dict]], verification: str) -> list[dict]:
+    """The first record of every request of ``plan`` (see ``evaluation_plan``), in the plan's order
+    (benchmark, temperature, prompt); records of other runs in the same file are left out."""
+    position = {record_key(name, t, verification, row["id"]): i for i, (name, t, _, row) in enumerate(plan)}
+    selected: dict[tuple, dict] = {}
+    for r in records:  # first record per request wins
+        key = record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])
+        if key in position:
+            selected.setdefault(key, r)
+    return sorted(selected.values(),
+                  key=lambda r: position[record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])])
+
+
+def summarize(
+    records: Iterable[dict], *, tau_counts: str = "accepted-plus-bonus", tie_margin: float = GREEDY_TIE_MARGIN
+) -> list[dict]:
+    """One summary row per (benchmark, temperature, verification), DFlash's definitions."""
+    if tau_counts not in TAU_COUNTS:
+        raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
+    groups: dict[tuple, list[dict]] = {}
+    for record in records:
+        groups.setdefault((record["benchmark"], record["temperature"], record["verification"]), []).append(record)
+    rows = []
+    for (benchmark, temperature, verification), group in groups.items():
+        group.sort(key=lambda r: r["prompt_index"])
+        requests = [turn for record in group for turn in record["turns"]]
+        block_size = group[0]["block_size"]
+        ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in requests)
+        spec_tpot = statistics.fmean(t["spec"]["time_per_output_token_s"] for t in requests)
+        steps = [_step_lengths(t, tau_counts) for t in requests]
+        per_request = [statistics.fmean(s) for s in steps if s]
+        lengths = [n for s in steps for n in s]
+        histogram = [lengths.count(b) / len(lengths) if lengths else 0.0 for b in range(block_size + 1)]
+        mismatches, diverged, first, divergences = None, None, None, None
+        if temperature == 0 and all(t["greedy"] is not None for t in requests):
+            mismatches, diverged, divergences = 0, 0, []
+            for record in group:
+                for turn in record["turns"]:
+                    mismatches += turn["greedy"]["mismatches"]
+                    verdict = divergence_verdict(turn["greedy"], tie_margin)
+                    if verdict is not None:
+                        diverged += 1
+                        report = {"id": record["id"], "turn": turn["turn"], **turn["greedy"], "verdict": verdict}
+                        divergences.append(report)
+                        if first is None:
+                            first = report
+        rows.append({
+            "benchmark": benchmark,
+            "temperature": temperature,
+            "verification": verification,
+            "block_size": block_size,
+            "tau": statistics.fmean(per_request) if per_request else None,
+            "speedup": ar_tpot / spec_tpot,
+            "ar_tpot_s": ar_tpot,
+            "spec_tpot_s": spec_tpot,
+            "num_prompts": len(group),
+            "num_requests": len(requests),
+            "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in requests),
+            "greedy_mismatches": mismatches,  # token positions that differ, over all requests
+            "greedy_diverged_requests": diverged,
+            "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, verdict, ...}
+            # every diverging request, each with the target's top-2 margin where the streams part
+            "greedy_divergences": divergences,
+            "greedy_tie_margin": tie_margin,
+            "greedy_ties": None if divergences is None else sum(d["verdict"] == "tie" for d in divergences),
+            "greedy_failures": None if divergences is None else sum(d["verdict"] == "failure" for d in divergences),
+            "tau_counts": tau_counts,
+            "acceptance_histogram": histogram,
+            # Per request, for paired bootstrap intervals between drafters (dpace.intervals).
+            "requests": [
+                {"id": record["id"], "turn": turn["turn"],
+                 "tau": statistics.fmean(lengths) if (lengths := _step_lengths(turn, tau_counts)) else None,
+                 "ar_tpot_s": turn["ar"]["time_per_output_token_s"],
+                 "spec_tpot_s": turn["spec"]["time_per_output_token_s"]}
+                for record in group for turn in record["turns"]
+            ],
+        })
+    return rows
