@@ -12,6 +12,8 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, Qwen3Config
 
+from dpace.io import atomic_folder
+
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
     """SpecForge's ``build_target_layer_ids``: features spread from layer 1 to L-3."""
@@ -129,8 +131,10 @@ def initialise_from_target(drafter, target) -> None:
 
 
 def save_drafter(model, path: str | Path) -> None:
-    """Save in the HF layout that ``dflash.model.DFlashDraftModel.from_pretrained`` reads."""
-    model.save_pretrained(str(path), safe_serialization=True)
+    """Save in the HF layout that ``dflash.model.DFlashDraftModel.from_pretrained`` reads (atomically:
+    the folder appears complete or not at all)."""
+    with atomic_folder(path) as tmp:
+        model.save_pretrained(str(tmp), safe_serialization=True)
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32):

@@ -17,7 +17,7 @@ from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
 from dpace.drafter import default_target_layer_ids
-from dpace.io import atomic_write_json, read_jsonl
+from dpace.io import atomic_folder, atomic_write_json, read_jsonl
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
 
 STORE_DTYPE = torch.bfloat16
@@ -133,8 +133,14 @@ def compute_features(
             f"max_seq_length={max_seq_length}"
         )
 
-    out_dir = Path(out_dir)
-    out_dir.mkdir(parents=True, exist_ok=True)
+    with atomic_folder(out_dir) as tmp_dir:  # shards and index appear together, or not at all
+        return _write_shards(target, sequences, tmp_dir, mode=mode, layer_ids=layer_ids,
+                             with_last_hidden=with_last_hidden, batch_size=batch_size,
+                             shard_tokens=shard_tokens, device=device, too_long=too_long)
+
+
+def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_last_hidden, batch_size,
+                  shard_tokens, device, too_long) -> dict:
     shards, pending, pending_tokens = [], [], 0
 
     def flush():

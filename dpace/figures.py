@@ -27,6 +27,7 @@ from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 
 from dpace import tables
+from dpace.io import atomic_file
 
 __all__ = [
     "STYLE",
@@ -73,11 +74,11 @@ _WEIGHT_COL = re.compile(r"^w_(\d+)$")
 def save_figure(fig: Figure, out_pdf: str | Path, out_png: str | Path, *, dpi: int = PNG_DPI) -> tuple[Path, Path]:
     """Write ``fig`` as a (reproducible, no creation date) PDF and a PNG preview."""
     pdf, png = Path(out_pdf), Path(out_png)
-    for p in (pdf, png):
-        p.parent.mkdir(parents=True, exist_ok=True)
     with rc_context(STYLE):
-        fig.savefig(pdf, format="pdf", metadata={"CreationDate": None, "ModDate": None})
-        fig.savefig(png, format="png", dpi=dpi, metadata={"Software": None})
+        with atomic_file(pdf) as tmp:
+            fig.savefig(tmp, format="pdf", metadata={"CreationDate": None, "ModDate": None})
+        with atomic_file(png) as tmp:
+            fig.savefig(tmp, format="png", dpi=dpi, metadata={"Software": None})
     return pdf, png
 
 

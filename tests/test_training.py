@@ -79,8 +79,29 @@ train_drafter(config, target_json=sys.argv[3], features_dir=sys.argv[4], out_dir
 """
 
 
-def test_sigkilled_training_resumes_to_identical_weights(tmp_path, tiny_target_json, features_dir):
-    config = small_config()
+@pytest.fixture
+def restore_threads():
+    threads = torch.get_num_threads()
+    yield
+    torch.set_num_threads(threads)
+
+
+def count_optimizer_steps(monkeypatch) -> list[int]:
+    taken, original = [], torch.optim.AdamW.step
+
+    def step(self, *args, **kwargs):
+        taken.append(1)
+        return original(self, *args, **kwargs)
+
+    monkeypatch.setattr(torch.optim.AdamW, "step", step)
+    return taken
+
+
+@pytest.mark.parametrize("threads", [1, 2])
+def test_sigkilled_training_resumes_where_it_stopped_to_identical_weights(
+    tmp_path, tiny_target_json, features_dir, monkeypatch, restore_threads, threads
+):
+    config = small_config(threads=threads)  # 3 steps per epoch, 6 in all; state saved every 2 steps
     reference = tmp_path / "reference"
     train_drafter(config, target_json=tiny_target_json, features_dir=features_dir, out_dir=reference,
                   scratch_dir=tmp_path / "scratch-reference")
@@ -92,33 +113,118 @@ def test_sigkilled_training_resumes_to_identical_weights(tmp_path, tiny_target_j
         capture_output=True, text=True, timeout=300,
     )
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert (scratch / "state.pt").exists()  # saved at step 4 (every 2 steps)
+    assert torch.load(scratch / "state.pt", weights_only=False)["global_step"] == 4  # saved after step 4
     assert (interrupted / "epoch-1").exists() and not (interrupted / "epoch-2").exists()
+    # Nothing the next stage reads looks finished: the step log is still in the scratch folder.
+    assert not (interrupted / "steps.jsonl").exists() and not (interrupted / "summary.json").exists()
+    epoch_1_written = (interrupted / "epoch-1" / "model.safetensors").stat().st_mtime_ns
 
-    train_drafter(config, target_json=tiny_target_json, features_dir=features_dir, out_dir=interrupted,
-                  scratch_dir=scratch)
-    final_reference, final_resumed = weights(reference / "epoch-2"), weights(interrupted / "epoch-2")
-    assert final_reference.keys() == final_resumed.keys()
-    for name in final_reference:
-        assert torch.equal(final_reference[name], final_resumed[name]), name
-    losses = lambda run: [json.loads(line)["loss"] for line in (run / "steps.jsonl").read_text().splitlines()]  # noqa: E731
-    assert losses(reference) == losses(interrupted)
+    taken = count_optimizer_steps(monkeypatch)
+    summary = train_drafter(config, target_json=tiny_target_json, features_dir=features_dir, out_dir=interrupted,
+                            scratch_dir=scratch)
+    # The rerun continued from the saved step: it took only the 2 steps after it, and left epoch 1 alone.
+    assert len(taken) == summary["steps"] - 4 == 2
+    assert (interrupted / "epoch-1" / "model.safetensors").stat().st_mtime_ns == epoch_1_written
+    for epoch in ("epoch-1", "epoch-2"):
+        final_reference, final_resumed = weights(reference / epoch), weights(interrupted / epoch)
+        assert final_reference.keys() == final_resumed.keys()
+        for name in final_reference:
+            assert torch.equal(final_reference[name], final_resumed[name]), (epoch, name)
+    rows = lambda run: [json.loads(line) for line in (run / "steps.jsonl").read_text().splitlines()]  # noqa: E731
+    assert [r["global_step"] for r in rows(interrupted)] == list(range(6))
+    assert [r["loss"] for r in rows(reference)] == [r["loss"] for r in rows(interrupted)]
+
+
+def copy_features(source: Path, destination: Path, change) -> Path:
+    """A copy of a features folder with ``change(tensors)`` applied to every shard."""
+    destination.mkdir()
+    for path in source.iterdir():
+        if path.suffix == ".safetensors":
+            tensors = load_file(str(path))
+            change(tensors)
+            save_file(tensors, str(destination / path.name))
+        else:
+            (destination / path.name).write_bytes(path.read_bytes())
+    return destination
 
 
 def test_non_finite_loss_stops_training_without_a_checkpoint(tmp_path, tiny_target_json, features_dir):
-    corrupted = tmp_path / "features"
-    corrupted.mkdir()
-    for path in features_dir.iterdir():
-        if path.suffix == ".safetensors":
-            tensors = load_file(str(path))
-            tensors["hidden"][:] = float("nan")
-            save_file(tensors, str(corrupted / path.name))
-        else:
-            (corrupted / path.name).write_bytes(path.read_bytes())
+    corrupted = copy_features(features_dir, tmp_path / "features", lambda t: t["hidden"].fill_(float("nan")))
     with pytest.raises(FloatingPointError, match=r"non-finite loss nan at step 0 \(objective dflash\)"):
         train_drafter(small_config(objective="dflash", objective_hparams={"gamma": 2.0}), target_json=tiny_target_json,
                       features_dir=corrupted, out_dir=tmp_path / "run", scratch_dir=tmp_path / "scratch")
     assert not list((tmp_path / "run").glob("epoch-*"))
+
+
+class PoisonedGradient(torch.autograd.Function):
+    """The identity on the loss, NaN on its way back: a finite loss with non-finite gradients."""
+
+    @staticmethod
+    def forward(ctx, loss):
+        return loss.clone()
+
+    @staticmethod
+    def backward(ctx, grad):
+        return grad * float("nan")
+
+
+def test_non_finite_gradient_stops_training_and_keeps_the_last_good_checkpoint(
+    tmp_path, tiny_target_json, features_dir, monkeypatch
+):
+    import dpace.training as training
+
+    config = small_config()  # 3 steps per epoch; state saved after steps 2 and 4, epoch 1 after step 3
+    kwargs = dict(target_json=tiny_target_json, features_dir=features_dir)
+    clean = tmp_path / "clean"
+    train_drafter(config, out_dir=clean, scratch_dir=clean / "scratch", stop_after_steps=4, **kwargs)
+
+    run, scratch = tmp_path / "run", tmp_path / "scratch"
+    poisoned_call = 4 * config.grad_accumulation + 1  # the first micro-batch of step 4 (0-based)
+    calls, saved = [], {}
+
+    class Poisoned(training.ObjectiveDFlashModel):
+        def forward(self, **inputs):
+            loss, accuracy, metrics = super().forward(**inputs)
+            calls.append(1)
+            if len(calls) == poisoned_call:
+                for name in ("state", "epoch"):  # what is on disk when the bad step starts
+                    path = scratch / "state.pt" if name == "state" else run / "epoch-1" / "model.safetensors"
+                    saved[name] = (path.stat().st_mtime_ns, path.read_bytes())
+                loss = PoisonedGradient.apply(loss)
+                assert torch.isfinite(loss)
+            return loss, accuracy, metrics
+
+    monkeypatch.setattr(training, "ObjectiveDFlashModel", Poisoned)
+    with pytest.raises(FloatingPointError, match=r"non-finite gradient of \S+ at step 4 \(objective dpace\)"):
+        train_drafter(config, out_dir=run, scratch_dir=scratch, **kwargs)
+    assert len(calls) == poisoned_call + 1  # the step's second micro-batch ran, then the check stopped it
+    # The last good checkpoint is untouched (not rewritten) and is the clean run's state after step 4.
+    assert (scratch / "state.pt").stat().st_mtime_ns == saved["state"][0]
+    assert (scratch / "state.pt").read_bytes() == saved["state"][1]
+    assert (run / "epoch-1" / "model.safetensors").stat().st_mtime_ns == saved["epoch"][0]
+    state, reference = (torch.load(path, weights_only=False) for path in (scratch / "state.pt", clean / "scratch" / "state.pt"))
+    assert state["global_step"] == reference["global_step"] == 4
+    assert all(torch.equal(state["model"][k], reference["model"][k]) for k in reference["model"])
+    assert all(torch.isfinite(v).all() for v in state["model"].values())
+    assert not (run / "epoch-2").exists() and not (run / "steps.jsonl").exists() and not (run / "summary.json").exists()
+
+
+def test_features_of_another_target_are_refused_before_training(tmp_path, tiny_target_json, features_dir):
+    kwargs = dict(target_json=tiny_target_json, scratch_dir=tmp_path / "scratch")
+
+    def narrower(tensors):
+        tensors["hidden"] = tensors["hidden"][..., :-8].contiguous()
+
+    def other_vocabulary(tensors):
+        tensors["input_ids"][0] = 10 ** 6
+
+    narrow = copy_features(features_dir, tmp_path / "narrow", narrower)
+    with pytest.raises(ValueError, match=r"hidden states of width 120, but 2 layers of this target \(hidden_size=64\) give 128"):
+        train_drafter(small_config(), features_dir=narrow, out_dir=tmp_path / "a", **kwargs)
+    other = copy_features(features_dir, tmp_path / "other", other_vocabulary)
+    with pytest.raises(ValueError, match=r"token id 1000000, outside this target's vocabulary"):
+        train_drafter(small_config(), features_dir=other, out_dir=tmp_path / "b", **kwargs)
+    assert not list(tmp_path.glob("[ab]/epoch-*")) and not list(tmp_path.glob("[ab]/steps.jsonl"))
 
 
 def test_objectives_needing_the_target_train_from_cached_last_hidden(tmp_path, tiny_target_json, features_dir):
