@@ -635,6 +635,7 @@ def train_with_specforge(
             raise RuntimeError(f"SpecForge wrote no checkpoint for epoch {epoch} (expected {checkpoint})")
         # Exported into a temporary folder that replaces a previous attempt's export only when complete.
         with atomic_folder(out_dir / f"epoch-{epoch}") as target:
+            target.rmdir()  # the exporter makes its output folder itself
             code, _ = _run([*cli_prefix(), "export", "--to", "hf", "--checkpoint", str(checkpoint),
                             "--draft-config", str(draft_config), "--output-dir", str(target)], log)
             if code != 0:
