@@ -63,6 +63,7 @@ def test_bad_config_is_rejected_with_the_key_named(key, value, message):
         validate_config(_set(SMOKE, key, value))
 
 
+@pytest.mark.slow  # one Snakemake process per case
 @pytest.mark.parametrize(("key", "value", "message"), BAD, ids=[f"{k}={v}" for k, v, _ in BAD])
 def test_snakemake_refuses_bad_config_before_any_job(tmp_path, key, value, message):
     config = _set(SMOKE, key, value)

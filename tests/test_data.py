@@ -129,3 +129,18 @@ def test_write_benchmark_is_atomic_and_complete(tmp_path, mirror):
     assert write_benchmark("gsm8k", out, 3, seed=0, mirror=str(mirror)) == 3
     assert len(list(read_jsonl(out))) == 3
     assert not list(out.parent.glob(".*tmp"))
+
+
+@pytest.mark.parametrize("ci", ["true", None])
+def test_a_missing_mirror_fails_in_ci_and_skips_elsewhere(tmp_path, monkeypatch, ci):
+    from conftest import require_mirror
+
+    if ci:
+        monkeypatch.setenv("CI", ci)
+    else:
+        monkeypatch.delenv("CI", raising=False)
+    with pytest.raises(BaseException, match="data mirror not found") as outcome:  # a skip must not skip this test
+        require_mirror(tmp_path)
+    assert outcome.type is (pytest.fail.Exception if ci else pytest.skip.Exception)
+    (tmp_path / "benchmarks").mkdir()
+    assert require_mirror(tmp_path) == tmp_path

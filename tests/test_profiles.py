@@ -72,6 +72,7 @@ def check_gpu_resources(jobs, *, slurm: bool) -> None:
             assert resources.get("slurm_partition") == "fake_partition", (rule, resources)
 
 
+@pytest.mark.slow  # Snakemake dry runs of the paper config
 @pytest.mark.parametrize("profile", ["local", "slurm"])
 def test_table_1_plan(tmp_path, profile):
     jobs = planned_jobs(dry_run(tmp_path, profile, "results/table_main.tex"))
@@ -85,6 +86,7 @@ def test_table_1_plan(tmp_path, profile):
         assert all(int(r["gpu"]) == 1 for rule, r in jobs if rule in GPU_RULES)
 
 
+@pytest.mark.slow  # Snakemake dry runs of the paper config
 @pytest.mark.parametrize("profile", ["local", "slurm"])
 def test_everything_plan(tmp_path, profile):
     text = dry_run(tmp_path, profile, "all")

@@ -97,6 +97,7 @@ def count_optimizer_steps(monkeypatch) -> list[int]:
     return taken
 
 
+@pytest.mark.slow  # a training subprocess and two full runs per thread count
 @pytest.mark.parametrize("threads", [1, 2])
 def test_sigkilled_training_resumes_where_it_stopped_to_identical_weights(
     tmp_path, tiny_target_json, features_dir, monkeypatch, restore_threads, threads

@@ -14,6 +14,9 @@ import pandas as pd
 import pytest
 import yaml
 
+# Every test here runs Snakemake (a real run of the smoke DAG, or dry runs): `-m "not slow"` leaves them out.
+pytestmark = pytest.mark.slow
+
 REPO = Path(__file__).resolve().parents[1]
 MIRROR = REPO.parent / "shared" / "data"
 
@@ -70,10 +73,8 @@ TEMPERATURES = SMOKE["eval"]["temperatures"]
 
 
 @pytest.fixture(scope="module")
-def smoke_run(tmp_path_factory):
+def smoke_run(tmp_path_factory, mirror):
     """One real run of the whole smoke DAG: every table and figure (tiny random target)."""
-    if not (MIRROR / "benchmarks").exists():
-        pytest.skip("data mirror missing")
     workdir = tmp_path_factory.mktemp("smoke")
     config = write_config(workdir)
     result = snakemake(workdir, config, "all")
@@ -81,7 +82,7 @@ def smoke_run(tmp_path_factory):
     return workdir, config
 
 
-def test_default_dry_run_shares_one_features_job(tmp_path):
+def test_default_dry_run_shares_one_features_job(tmp_path, mirror):
     jobs = planned_jobs(snakemake(tmp_path, write_config(tmp_path, "config.yaml"), "-n", "results/table_main.tex"))
     assert jobs["features"] == 1 and jobs["generate_responses"] == 1
     assert jobs["train_drafter"] == 4 and jobs["evaluate"] == 4  # Table 1's four objectives at one depth
@@ -173,7 +174,7 @@ def test_ablation_table_has_every_epoch(smoke_run):
         assert label in table
 
 
-def test_rerunning_one_ablation_target_builds_only_ablation_drafters(tmp_path):
+def test_rerunning_one_ablation_target_builds_only_ablation_drafters(tmp_path, mirror):
     jobs = planned_jobs(snakemake(tmp_path, write_config(tmp_path), "-n", "results/table_ablation.tex"))
     assert jobs["train_drafter"] == 4  # dflash, continuation-only, cumulative-only, dpace
     assert jobs["evaluate"] == 4 + 4  # final full suite + MATH-500 after epoch 1 for each
@@ -210,7 +211,7 @@ def test_no_secret_in_params_logs_or_results(smoke_run):
     assert not leaked
 
 
-def test_a_target_with_released_answers_imports_them_instead_of_generating(tmp_path):
+def test_a_target_with_released_answers_imports_them_instead_of_generating(tmp_path, mirror):
     """targets.<t>.responses (the paper's Qwen3-4B: z-lab/qwen3-4b-instruct-100k), here a local file."""
     answers = tmp_path / "released-answers.jsonl"
     rows = [json.loads(line) for line in (MIRROR / "train" / "sharegpt.jsonl").read_text().splitlines()[:40]]
@@ -232,7 +233,7 @@ def test_a_target_with_released_answers_imports_them_instead_of_generating(tmp_p
     assert 0 < len(features) <= 12  # long ones truncated; only those left with < 2 response tokens are dropped
 
 
-def test_block_records_come_from_the_local_decoder_when_sglang_serves(tmp_path):
+def test_block_records_come_from_the_local_decoder_when_sglang_serves(tmp_path, mirror):
     """eval.backend sglang: the 'blocks' suite (Table 8, Figure 1a) still decodes in-process, so it
     runs here without SGLang and records per-block q."""
     from dpace.config import experiments
