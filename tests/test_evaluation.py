@@ -174,6 +174,26 @@ def test_stale_records_are_refused(setup, first_run, tmp_path):
         )
 
 
+def test_drafter_of_another_target_is_refused_by_evaluate(setup, tmp_path):
+    """Through evaluate_drafter itself: a drafter built for a narrower target never decodes."""
+    from dflash.model import DFlashDraftModel
+
+    root, target_json, _, files = setup
+    narrower = AutoConfig.from_pretrained(root / "target" / "model")
+    narrower.hidden_size, narrower.intermediate_size, narrower.head_dim = 32, 64, 8
+    config = drafter_config(narrower, depth=1, block_size=4, target_layer_ids=[1, 2], mask_token_id=0)
+    config._attn_implementation = "sdpa"
+    save_drafter(DFlashDraftModel(config), tmp_path / "drafter")
+    with pytest.raises(ValueError, match="drafter hidden_size=32 does not match the target's hidden_size=64"):
+        evaluate_drafter(
+            target_json, tmp_path / "drafter", files, temperatures=TEMPERATURES, verification="hard-match",
+            max_new_tokens=MAX_NEW, seed=7, records_path=tmp_path / "records.jsonl",
+            summary_path=tmp_path / "summary.json", blocks_path=tmp_path / "blocks.csv",
+        )
+    assert not (tmp_path / "summary.json").exists() and not (tmp_path / "blocks.csv").exists()
+    assert not (tmp_path / "records.jsonl").exists() or not (tmp_path / "records.jsonl").read_text()
+
+
 def test_malformed_benchmark_rows_are_rejected(tmp_path):
     path = tmp_path / "bad.jsonl"
     path.write_text(json.dumps({"id": "x", "benchmark": "b", "turns": []}) + "\n")
