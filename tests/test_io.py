@@ -1,0 +1,171 @@
+"""Atomic outputs: a writer that fails or is killed mid-write leaves nothing where the next stage reads.
+
+Each writer is made to fail after it has written part of its artifact; the artifact's path must then
+hold nothing (or what it held before), never the partial write.
+"""
+
+from __future__ import annotations
+
+import os
+import signal
+import subprocess
+import sys
+import textwrap
+
+import pytest
+
+from dpace.io import atomic_file, atomic_folder, atomic_write_text
+
+
+class Interrupted(Exception):
+    pass
+
+
+def test_a_failed_file_writer_leaves_the_previous_file_and_no_temporary(tmp_path):
+    path = tmp_path / "out.json"
+    with pytest.raises(Interrupted), atomic_file(path) as tmp:
+        tmp.write_text('{"half":')
+        raise Interrupted
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    atomic_write_text(path, "old\n")
+    with pytest.raises(Interrupted), atomic_file(path) as tmp:
+        tmp.write_text("new, half")
+        raise Interrupted
+    assert path.read_text() == "old\n" and [p.name for p in tmp_path.iterdir()] == ["out.json"]
+    assert oct(path.stat().st_mode & 0o777) == oct(0o666 & ~current_umask())  # as a plain open() makes it
+
+
+def current_umask() -> int:
+    mask = os.umask(0)
+    os.umask(mask)
+    return mask
+
+
+def test_a_failed_folder_writer_leaves_the_previous_folder_whole(tmp_path):
+    path = tmp_path / "epoch-1"
+    with pytest.raises(Interrupted), atomic_folder(path) as tmp:
+        (tmp / "config.json").write_text("{}")
+        raise Interrupted
+    assert not path.exists() and list(tmp_path.iterdir()) == []
+    with atomic_folder(path) as tmp:
+        (tmp / "config.json").write_text("first")
+        (tmp / "stale.bin").write_text("only in the first attempt")
+    with pytest.raises(Interrupted), atomic_folder(path) as tmp:
+        (tmp / "config.json").write_text("second, half")
+        raise Interrupted
+    assert (path / "config.json").read_text() == "first"
+    with atomic_folder(path) as tmp:  # a complete rewrite replaces the folder as a whole, never merges
+        (tmp / "config.json").write_text("third")
+    assert sorted(p.name for p in path.iterdir()) == ["config.json"]
+    assert (path / "config.json").read_text() == "third" and [p.name for p in tmp_path.iterdir()] == ["epoch-1"]
+
+
+KILLED_WRITER = """
+import os, signal, sys
+from dpace.io import atomic_file, atomic_folder
+kind, path = sys.argv[1], sys.argv[2]
+with (atomic_file if kind == "file" else atomic_folder)(path) as tmp:
+    target = tmp if kind == "file" else tmp / "model.safetensors"
+    with open(target, "w") as handle:
+        handle.write("part of the weights")
+        handle.flush()
+        os.kill(os.getpid(), signal.SIGKILL)  # no cleanup: as a preempted job
+"""
+
+
+@pytest.mark.parametrize("kind", ["file", "folder"])
+def test_a_sigkilled_writer_leaves_only_a_hidden_temporary(tmp_path, kind):
+    path = tmp_path / "artifact"
+    killed = subprocess.run([sys.executable, "-c", textwrap.dedent(KILLED_WRITER), kind, str(path)],
+                            capture_output=True, text=True, timeout=60,
+                            env={**os.environ, "PYTHONPATH": os.pathsep.join(sys.path)})
+    assert killed.returncode == -signal.SIGKILL, killed.stderr
+    assert not path.exists()
+    (leftover,) = tmp_path.iterdir()
+    assert leftover.name.startswith(".artifact.") and leftover.name.endswith(".tmp")
+
+
+def test_a_figure_whose_png_fails_leaves_no_png_and_a_complete_pdf(tmp_path, monkeypatch):
+    import matplotlib
+
+    matplotlib.use("Agg")
+    from matplotlib.figure import Figure
+
+    from dpace.figures import save_figure
+
+    fig = Figure()
+    fig.add_subplot().plot([0, 1], [1, 0])
+    original = Figure.savefig
+
+    def failing_png(self, fname, *args, **kwargs):
+        if kwargs.get("format") == "png":
+            with open(fname, "wb") as handle:
+                handle.write(b"\x89PNG\r\n")  # the first bytes, then the writer dies
+            raise Interrupted
+        return original(self, fname, *args, **kwargs)
+
+    monkeypatch.setattr(Figure, "savefig", failing_png)
+    with pytest.raises(Interrupted):
+        save_figure(fig, tmp_path / "fig.pdf", tmp_path / "fig.png")
+    assert (tmp_path / "fig.pdf").read_bytes().rstrip().endswith(b"%%EOF")
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["fig.pdf"]
+
+
+class HalfSavingModel:
+    """save_pretrained writes the config, then dies before the weights (as a full disk or a kill would)."""
+
+    def save_pretrained(self, path, **kwargs):
+        os.makedirs(path, exist_ok=True)
+        with open(os.path.join(path, "config.json"), "w") as handle:
+            handle.write("{}")
+        raise Interrupted
+
+
+def test_a_drafter_epoch_that_fails_mid_save_is_not_there(tmp_path):
+    from dpace.drafter import save_drafter
+
+    with pytest.raises(Interrupted):
+        save_drafter(HalfSavingModel(), tmp_path / "epoch-1")
+    assert list(tmp_path.iterdir()) == []  # load_drafter would otherwise find a config without weights
+
+
+def test_features_that_fail_at_the_second_shard_leave_no_folder(tmp_path, tiny_target_json, monkeypatch):
+    import dpace.features as features
+    from dpace.io import atomic_write_jsonl
+
+    conversations = [{"id": str(i), "conversations": [{"role": "user", "content": f"question {i}"},
+                                                      {"role": "assistant", "content": f"answer {i} " * 4}]}
+                     for i in range(4)]
+    atomic_write_jsonl(tmp_path / "c.jsonl", conversations)
+    written, original = [], features.save_file
+
+    def save_file(tensors, path):
+        if written:
+            raise Interrupted
+        written.append(path)
+        return original(tensors, path)
+
+    monkeypatch.setattr(features, "save_file", save_file)
+    with pytest.raises(Interrupted):
+        features.compute_features(tiny_target_json, tmp_path / "c.jsonl", tmp_path / "features", layer_ids=[1],
+                                  max_seq_length=256, batch_size=1, shard_tokens=1)
+    assert len(written) == 1  # one shard had been written when the writer died
+    assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
+
+
+def test_a_target_whose_tokenizer_fails_to_save_leaves_no_model_folder(tmp_path, monkeypatch):
+    import dpace.targets as targets
+
+    tokenizer = targets.embedded_tokenizer()
+
+    def failing_save(path, *args, **kwargs):
+        with open(os.path.join(path, "tokenizer.json"), "w") as handle:
+            handle.write("{")  # part of the tokenizer, then the writer dies
+        raise Interrupted
+
+    monkeypatch.setattr(tokenizer, "save_pretrained", failing_save)
+    monkeypatch.setattr(targets, "embedded_tokenizer", lambda: tokenizer)
+    with pytest.raises(Interrupted):
+        targets.prepare_target({"source": "random", "num_layers": 2, "hidden_size": 32, "intermediate_size": 64},
+                               tmp_path / "tiny")
+    assert list((tmp_path / "tiny").iterdir()) == []  # neither model/ nor target.json
