@@ -423,3 +423,129 @@ def test_optimize_for_cpu_keeps_values_ties_and_outputs(prompts, monkeypatch):
         theirs = dm.dflash_generate(drafter, target, torch.tensor([prompt]), 24, None, return_stats=True)
         assert ours.new_token_ids == ref == theirs.output_ids[0, len(prompt) :].tolist()
         assert ours.acceptance_lengths == theirs.acceptance_lengths
+
+
+# ---------------------------------------------------------------------------
+# T > 0, the full block: every draft position and the bonus token after a fully accepted block
+# ---------------------------------------------------------------------------
+
+FULL = BLOCK + 1  # the prefill's token, then one block: 3 draft positions and the bonus
+BLOCK_SAMPLES = 1500
+
+
+def exact_sequence_distribution(target, prompt, length=FULL, floor=1e-5) -> dict[tuple, float]:
+    """p(t1..t_length) of sampling from the target at TEMPERATURE, for every sequence whose prefixes
+    all have probability >= floor (the rest is the pooled remainder)."""
+    prefixes = {(): 1.0}
+    for _ in range(length):
+        keys = list(prefixes)
+        with torch.inference_mode():
+            batch = torch.tensor([prompt + list(k) for k in keys])
+            probs = torch.softmax(target(batch).logits[:, -1].double() / TEMPERATURE, -1).numpy()
+        grown = {}
+        for key, row in zip(keys, probs, strict=True):
+            for token in np.flatnonzero(prefixes[key] * row >= floor):
+                grown[key + (int(token),)] = prefixes[key] * row[token]
+        prefixes = grown
+    return prefixes
+
+
+def block_scripted_drafter(target, real, prompt, scale):
+    """Draft logits at every slot of a block = scale * the target's logits along its own greedy path
+    from prompt + the block's first token: a parallel drafter that is often, not always, right."""
+    embed = target.get_input_embeddings().weight
+    cache = {}
+
+    def path_logits(first):
+        if first not in cache:
+            context, rows = prompt + [first], []
+            with torch.inference_mode():
+                for _ in range(BLOCK - 1):
+                    logits = target(torch.tensor([context])).logits[0, -1]
+                    rows.append(scale * logits)
+                    context = context + [int(logits.argmax())]
+            cache[first] = torch.stack(rows)
+        return cache[first]
+
+    drafter = ScriptedDrafter(real, lambda positions: drafter.next_logits[: len(positions)])
+
+    def forward(*, target_hidden, noise_embedding, position_ids, past_key_values=None, use_cache=False):
+        first = int(torch.cdist(noise_embedding[0, :1], embed).argmin())  # the block's first, real token
+        drafter.next_logits = path_logits(first)
+        return position_ids[..., None].float()
+
+    drafter.forward = forward
+    return drafter
+
+
+def full_block_chi_square(target, drafter, prompt, verification) -> tuple[float, float]:
+    """(p-value of the 5-token sequences against the target's exact distribution, fraction of samples
+    whose first block was fully accepted, i.e. whose 5th token is the bonus after a full block)."""
+    exact = exact_sequence_distribution(target, prompt)
+    cells = {seq: i for i, seq in enumerate(s for s, p in exact.items() if p * BLOCK_SAMPLES >= 5)}
+    assert len(cells) >= 10, "the test distribution is too peaky to be informative"
+    expected = np.zeros(len(cells) + 1)
+    for seq, p in exact.items():
+        expected[cells.get(seq, len(cells))] += p
+    expected[-1] += 1.0 - sum(exact.values())  # sequences below the floor
+    observed, full_blocks = np.zeros_like(expected), 0
+    gen = torch.Generator().manual_seed(4321)
+    for _ in range(BLOCK_SAMPLES):
+        out = speculative_generate(
+            drafter, target, prompt, max_new_tokens=FULL, stop_token_ids=None,
+            temperature=TEMPERATURE, verification=verification, generator=gen,
+        )
+        observed[cells.get(tuple(out.new_token_ids), len(cells))] += 1
+        full_blocks += out.blocks[0].accepted == BLOCK - 1
+    return chisquare(observed, expected * BLOCK_SAMPLES).pvalue, full_blocks / BLOCK_SAMPLES
+
+
+def always_accept_hard_match(draft_tokens, picks):
+    return draft_tokens.shape[1]
+
+
+def one_too_many_hard_match(draft_tokens, picks):
+    """Off by one: the first mismatching draft token is accepted too."""
+    matched = int((draft_tokens == picks[:, : draft_tokens.shape[1]]).cumprod(dim=1).sum(dim=1)[0].item())
+    return min(matched + 1, draft_tokens.shape[1])
+
+
+def always_accept_rejection(draft_tokens, target_probs, draft_probs, generator):
+    return draft_tokens.shape[1], decoding._sample(target_probs[:, -1], generator)[0]
+
+
+def wrong_ratio_rejection(draft_tokens, target_probs, draft_probs, generator):
+    """Accepts x with probability p(x) instead of min(1, p(x) / q(x)): the draft probability is not divided out."""
+    gamma = draft_tokens.shape[1]
+    p = target_probs[:, :gamma].gather(-1, draft_tokens[..., None])[..., 0]
+    u = torch.rand(p.shape, generator=generator, dtype=p.dtype)
+    accepted = int((u < p).to(torch.int32).cumprod(-1).sum(-1)[0].item())
+    if accepted == gamma:
+        return accepted, decoding._sample(target_probs[:, -1], generator)[0]
+    residual = (target_probs[0, accepted] - draft_probs[0, accepted]).clamp_min(0)
+    return accepted, decoding._sample((residual / residual.sum())[None], generator)[0]
+
+
+FULL_BLOCK_CASES = {"hard-match": 1.0, "rejection": 0.8}  # draft scale: rejection needs q != p to test p/q
+BROKEN = {
+    "hard-match": {"always-accept": always_accept_hard_match, "one-too-many": one_too_many_hard_match},
+    "rejection": {"always-accept": always_accept_rejection, "wrong-ratio": wrong_ratio_rejection},
+}
+VERIFIER = {"hard-match": "_hard_match", "rejection": "_rejection_sample"}
+
+
+@pytest.mark.slow  # 1500 decodes of a full block per case
+@pytest.mark.parametrize("verification,broken", [(v, b) for v in FULL_BLOCK_CASES for b in (None, *BROKEN[v])],
+                         ids=lambda x: x or "correct")
+def test_full_block_sampling_is_lossless_and_broken_verifiers_are_caught(sampling_setup, monkeypatch, verification,
+                                                                          broken):
+    target, real, prompt = sampling_setup
+    drafter = block_scripted_drafter(target, real, prompt, FULL_BLOCK_CASES[verification])
+    if broken:
+        monkeypatch.setattr(decoding, VERIFIER[verification], BROKEN[verification][broken])
+    p_value, full_blocks = full_block_chi_square(target, drafter, prompt, verification)
+    assert full_blocks >= 0.1, f"too few fully accepted blocks ({full_blocks:.2f}) to test the bonus token"
+    if broken:
+        assert p_value < 1e-6, f"{verification} verifier {broken} not detected (p = {p_value:.3g})"
+    else:
+        assert p_value > 1e-3, p_value
