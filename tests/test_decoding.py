@@ -544,8 +544,8 @@ def test_full_block_sampling_is_lossless_and_broken_verifiers_are_caught(samplin
     if broken:
         monkeypatch.setattr(decoding, VERIFIER[verification], BROKEN[verification][broken])
     p_value, full_blocks = full_block_chi_square(target, drafter, prompt, verification)
-    assert full_blocks >= 0.1, f"too few fully accepted blocks ({full_blocks:.2f}) to test the bonus token"
     if broken:
         assert p_value < 1e-6, f"{verification} verifier {broken} not detected (p = {p_value:.3g})"
     else:
         assert p_value > 1e-3, p_value
+        assert full_blocks >= 0.2, f"too few fully accepted blocks ({full_blocks:.2f}) to test the bonus token"
