@@ -103,13 +103,15 @@ def test_a_gpu_held_by_another_process_is_skipped_and_freed_when_it_dies(gpu_env
 
 
 def test_scheduler_assigned_gpus_are_used_as_given(gpu_env, monkeypatch):
+    import dpace.gpus
     from dpace.gpus import gpu_slot
 
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
+    monkeypatch.setattr(dpace.gpus.fcntl, "flock", lambda *a: pytest.fail("a lock was taken under a scheduler"))
     with gpu_slot(1, log=lambda *_: None) as ids:
         assert ids == ["3"] and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
-    assert not list(gpu_env.glob("*.lock")) if gpu_env.exists() else True
+        assert not gpu_env.exists()  # no lock folder, no lock file
 
 
 # ---------------------------------------------------------------------------------------------

@@ -3,6 +3,7 @@
 from __future__ import annotations
 
 import json
+import math
 import subprocess
 import sys
 import textwrap
@@ -229,9 +230,17 @@ def test_features_of_another_target_are_refused_before_training(tmp_path, tiny_t
 
 
 def test_objectives_needing_the_target_train_from_cached_last_hidden(tmp_path, tiny_target_json, features_dir):
-    summary = train_drafter(small_config(objective="dpakl", epochs=1), target_json=tiny_target_json,
-                            features_dir=features_dir, out_dir=tmp_path / "run", scratch_dir=tmp_path / "scratch")
-    assert summary["objective"] == "dpakl" and summary["final_loss"] > 0
+    def train(features, name):
+        return train_drafter(small_config(objective="dpakl", epochs=1), target_json=tiny_target_json,
+                             features_dir=features, out_dir=tmp_path / name, scratch_dir=tmp_path / f"s-{name}")
+
+    summary = train(features_dir, "run")
+    losses = [json.loads(line)["loss"] for line in (tmp_path / "run" / "steps.jsonl").read_text().splitlines()]
+    assert summary["objective"] == "dpakl" and summary["final_loss"] == losses[-1] and len(losses) == 3
+    assert all(math.isfinite(loss) for loss in losses)
+    # The target's distribution comes from the cached last hidden states: changing them changes the loss.
+    flipped = copy_features(features_dir, tmp_path / "flipped", lambda t: t["last_hidden"].mul_(-1))
+    assert train(flipped, "flipped")["final_loss"] != pytest.approx(summary["final_loss"], rel=1e-3)
 
 
 def test_online_features_train_like_cached_ones(tmp_path, tiny_target_json, features_dir):
