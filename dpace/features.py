@@ -136,11 +136,12 @@ def compute_features(
     with atomic_folder(out_dir) as tmp_dir:  # shards and index appear together, or not at all
         return _write_shards(target, sequences, tmp_dir, mode=mode, layer_ids=layer_ids,
                              with_last_hidden=with_last_hidden, batch_size=batch_size,
-                             shard_tokens=shard_tokens, device=device, too_long=too_long)
+                             shard_tokens=shard_tokens, device=device, truncated=truncated,
+                             too_few_loss_tokens=too_few_loss_tokens)
 
 
 def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_last_hidden, batch_size,
-                  shard_tokens, device, too_long) -> dict:
+                  shard_tokens, device, truncated, too_few_loss_tokens) -> dict:
     shards, pending, pending_tokens = [], [], 0
 
     def flush():

@@ -180,7 +180,8 @@ def train_drafter(
             raise ValueError(f"mask_token {config.mask_token!r} is not a token of the target's tokenizer")
     elif not 0 <= mask_token_id < target.config.vocab_size:
         raise ValueError(f"mask_token_id {mask_token_id} is outside the target's vocabulary")
-    _check_features_match_target(features, target.config, features_dir)
+    _check_features_match_target(features, target.config,
+                                 "(in memory)" if isinstance(features_dir, FeatureSet) else features_dir)
     needs_target = objective_record(objective).needs_target_logits
     online = features.hidden is None  # features mode "online": the target runs every step
     if needs_target and not online and features.last_hidden is None:
