@@ -5,11 +5,14 @@ prompts (within each benchmark, with replacement) and applies the same resample 
 the prompt-to-prompt spread, which both share, cancels out of the difference. The statistic is the
 one the tables print: per benchmark, tau = mean over requests of the per-request mean emitted length
 and SR = mean AR time per output token / mean speculative time per output token; "avg" is their mean
-over the benchmarks. A difference is *significant* when its 95% percentile interval excludes 0.
+over the benchmarks. A difference is *significant* when its 95% percentile interval excludes 0. With few
+prompts per benchmark the plain bootstrap is too narrow by sqrt((n-1)/n); each benchmark's resamples are
+widened by the inverse, and a benchmark with a single prompt gives no interval (NaN, never significant).
 """
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
@@ -74,8 +77,13 @@ def paired_bootstrap(
         draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
         ours_point, theirs_point = _statistics(ours), _statistics(theirs)
         ours_boot, theirs_boot = _statistics(ours[draws]), _statistics(theirs[draws])
+        # Resampling n prompts spreads a mean by (n-1)/n of its true variance; widen each benchmark's
+        # resamples by sqrt(n/(n-1)) around its point estimate (the unbiased variance). One prompt
+        # carries no spread at all: its benchmark, and the average over benchmarks, get no interval.
+        widen = math.sqrt(len(prompt_ids) / (len(prompt_ids) - 1)) if len(prompt_ids) > 1 else math.nan
         for metric in METRICS:
-            differences = ours_boot[metric] - theirs_boot[metric]
+            point_difference = ours_point[metric] - theirs_point[metric]
+            differences = point_difference + widen * (ours_boot[metric] - theirs_boot[metric] - point_difference)
             resampled_differences[metric].append(differences)
             point_values[metric].append((ours_point[metric], theirs_point[metric]))
             rows.append(_row(benchmark, metric, ours_point[metric], theirs_point[metric], differences, tail,
@@ -89,7 +97,7 @@ def paired_bootstrap(
 
 
 def _row(benchmark, metric, value, reference, differences, tail, prompts, resamples) -> dict:
-    low, high = np.quantile(differences, [tail, 1.0 - tail])
+    low, high = np.quantile(differences, [tail, 1.0 - tail]) if np.isfinite(differences).all() else (math.nan, math.nan)
     return {
         "metric": metric,
         "benchmark": benchmark,

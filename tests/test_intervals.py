@@ -109,3 +109,22 @@ def test_group_comparisons_pair_each_drafter_with_the_dflash_of_its_cell():
     by_depth = avg.groupby("depth")["difference"].first()
     assert by_depth[1] == pytest.approx(0.2) and by_depth[3] == pytest.approx(0.0)
     assert avg.set_index("depth")["significant"].groupby(level=0).all().to_dict() == {1: True, 3: False}
+
+
+def test_one_prompt_per_benchmark_gives_no_interval_and_no_significance():
+    base = _prompt_difficulty(1)
+    row = _avg(paired_bootstrap(_requests(base + 0.5), _requests(base)))
+    assert row["difference"] == pytest.approx(0.5)
+    assert np.isnan(row["ci_low"]) and np.isnan(row["ci_high"]) and not row["significant"]
+
+
+def test_interval_width_matches_the_unbiased_standard_error_with_few_prompts():
+    rng = np.random.default_rng(5)
+    base = _prompt_difficulty(3)
+    shifted = base + rng.normal(0.1, 0.1, base.shape)
+    row = _avg(paired_bootstrap(_requests(shifted), _requests(base), resamples=20000))
+    differences = shifted - base
+    # Average over 3 benchmarks of a mean of 3 paired differences: its standard error, unbiased.
+    standard_error = np.sqrt((differences.var(axis=1, ddof=1) / 3).sum()) / 3
+    width = row["ci_high"] - row["ci_low"]
+    assert width == pytest.approx(2 * 1.96 * standard_error, rel=0.1)  # unwidened: 0.82 of it
