@@ -264,6 +264,10 @@ def summarize_sglang(records: list[dict]) -> list[dict]:
         turns = [t for r in group for t in r["turns"]]
         per_request = [t["spec_accept_length"] for t in turns if t.get("spec_accept_length") is not None]
         row["tau"] = statistics.fmean(per_request) if per_request else None
+        # The per-request taus the paired intervals resample follow the same definition.
+        by_turn = {(r["id"], t["turn"]): t.get("spec_accept_length") for r in group for t in r["turns"]}
+        for request in row["requests"]:
+            request["tau"] = by_turn[(request["id"], request["turn"])]
         if not all(t.get("has_histogram") for t in turns):
             row["acceptance_histogram"] = None
         row["engine"] = "sglang"

@@ -209,8 +209,8 @@ def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target
 
     # Same keys as the in-process backend's summary rows, one row per (benchmark, temperature).
     local_keys = set(summarize([{
-        "benchmark": "b", "temperature": 0.0, "verification": "hard-match", "prompt_index": 0, "block_size": 4,
-        "turns": [{"ar": {"time_per_output_token_s": 1.0}, "spec": {"time_per_output_token_s": 1.0,
+        "benchmark": "b", "id": "0", "temperature": 0.0, "verification": "hard-match", "prompt_index": 0,
+        "block_size": 4, "turns": [{"turn": 0, "ar": {"time_per_output_token_s": 1.0}, "spec": {"time_per_output_token_s": 1.0,
                                                                   "num_output_tokens": 1},
                    "acceptance_lengths": [1], "greedy": None}],
     }])[0])
@@ -218,6 +218,7 @@ def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target
     assert len(summary) == 4 and all(local_keys <= set(row) for row in summary)
     for row in summary:
         assert row["tau"] == pytest.approx(3.0)  # spec_accept_length = 6 tokens / 2 verify steps
+        assert [r["tau"] for r in row["requests"]] == pytest.approx([3.0] * row["num_requests"])
         assert row["speedup"] > 1.5  # the fake drafter server is 3x faster per token
         assert row["acceptance_histogram"] == [0.0, 0.0, 0.0, 1.0, 0.0]  # every step emitted 3 tokens
         assert row["engine"] == "sglang"
