@@ -195,10 +195,17 @@ def test_every_table_and_figure_is_built(smoke_run):
             body = text.split("\\midrule", 1)[1].split("\\bottomrule")[0]
             rows = [line for line in body.splitlines() if "&" in line and "multicolumn" not in line]
             assert rows, name
+            # Spearman's rho is undefined when every smoke block emitted the same length: then, and only
+            # then, Table 8's rows may hold no number.
+            if name == "table_correlation.tex":
+                blocks = pd.read_csv(workdir / "results" / "metrics" / "main_blocks.csv")
+                undefined_rho = blocks[blocks["objective"] == "dflash"]["tau_block"].nunique() < 2
+            else:
+                undefined_rho = False
             for row in rows:  # every data row is complete and carries measured numbers, not placeholders only
                 cells = row.rstrip().rstrip("\\").split("&")
                 assert len(cells) == columns, (name, row)
-                assert any(is_number(c) for c in cells), (name, row)
+                assert undefined_rho or any(is_number(c) for c in cells), (name, row)
         else:
             assert path.read_bytes().startswith(b"%PDF"), name
             image = matplotlib.image.imread(path.with_suffix(".png"))
