@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 
-from dpace import tables
+from dpace import metrics_frame, tables
 from dpace.io import atomic_file
 
 __all__ = [
@@ -114,31 +114,31 @@ def tau_gain_bars(
 ) -> pd.DataFrame:
     """Average tau (over benchmarks) of DFlash and D-PACE per configuration (target, depth, B) of
     ``groups`` (earlier groups win a configuration present in several), with the relative gain (%)."""
-    df = tables._prepared(metrics)
+    df = metrics_frame.prepared_metrics(metrics)
     df = df[df["group"].isin(list(groups)) & df["objective"].isin(["dflash", "dpace"])]
     if df.empty:
         raise ValueError(f"metrics has no DFlash / D-PACE rows for groups {list(groups)}")
-    df = tables._at_temperature(tables._final_epoch(df, epoch, f"groups {list(groups)}"), temperature,
-                                f"groups {list(groups)}")
+    what = f"groups {list(groups)}"
+    df = metrics_frame.rows_at_temperature(metrics_frame.final_epoch_rows(df, epoch, what), temperature, what)
     records = []
     rank = {g: i for i, g in enumerate(groups)}
 
     def first_group(cfg: tuple) -> int:
-        mask = (df[list(tables.CONFIG)] == pd.Series(cfg, index=list(tables.CONFIG))).all(axis=1)
+        mask = metrics_frame.config_mask(df, cfg)
         return min(rank[g] for g in df.loc[mask, "group"].unique())
 
-    for cfg in sorted(tables._configs(df), key=first_group):  # stable: group order, then config
-        sub = df[(df[list(tables.CONFIG)] == pd.Series(cfg, index=list(tables.CONFIG))).all(axis=1)]
-        rec = dict(zip(tables.CONFIG, cfg, strict=True))
-        rec["target_label"] = tables._target_label(sub, cfg[0])
-        benches = tables.present_benchmarks(sub)
+    for cfg in sorted(metrics_frame.distinct_configs(df), key=first_group):  # stable: group order, then config
+        sub = df[metrics_frame.config_mask(df, cfg)]
+        rec = dict(zip(metrics_frame.CONFIG, cfg, strict=True))
+        rec["target_label"] = metrics_frame.target_label_of(sub, cfg[0])
+        benches = metrics_frame.present_benchmarks(sub)
         for obj in ("dflash", "dpace"):
             runs = sub[sub["objective"] == obj]
             chosen = next((g for g in groups if (runs["group"] == g).any()), None)
             runs = runs[runs["group"] == chosen] if chosen is not None else runs
             if runs["variant"].nunique() > 1:
                 raise ValueError(f"several {obj} runs for configuration {cfg}: {sorted(runs['variant'].unique())}")
-            avg = tables.benchmark_averages(runs, ["objective"], benches) if len(runs) else None
+            avg = metrics_frame.benchmark_averages(runs, ["objective"], benches) if len(runs) else None
             rec[obj] = float(avg["tau"].iloc[0]) if avg is not None else np.nan
         records.append(rec)
     out = pd.DataFrame.from_records(records)
@@ -277,7 +277,7 @@ def weight_profiles(
     """Mean per-step-normalised weight per position (rows) for D-PACE at ``fractions`` of its first
     epoch and over its last ``window`` steps, plus DFlash's fixed decay (column ``"DFlash"``,
     mean over all its steps; omitted when no DFlash run is present)."""
-    tables._require_columns(train_steps, ("variant", "objective", "epoch", "step", "epoch_progress"),
+    metrics_frame.require_columns(train_steps, ("variant", "objective", "epoch", "step", "epoch_progress"),
                             "train_steps")
     dv = _pick_variant(train_steps, "dpace", dpace_variant, required=True)
     run = train_steps[train_steps["variant"] == dv].sort_values("step")
@@ -369,14 +369,14 @@ def tau_trajectory_figure(
 ) -> Figure:
     """Figure 3 (c): ``benchmark`` tau at ``temperature`` over epochs for the ablation variants."""
     traj = tables.ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)
-    configs = tables._configs(traj)
+    configs = metrics_frame.distinct_configs(traj)
     styles = ["-", "--", ":", "-."]
     bname = tables.BENCHMARK_LABELS.get(benchmark, benchmark)
     with rc_context(STYLE):
         fig = Figure(figsize=(5.0, 3.8), layout="constrained")
         ax = fig.subplots()
         for ci, cfg in enumerate(configs):
-            sub = traj[(traj[list(tables.CONFIG)] == pd.Series(cfg, index=list(tables.CONFIG))).all(axis=1)]
+            sub = traj[metrics_frame.config_mask(traj, cfg)]
             suffix = "" if len(configs) == 1 else f" [{cfg[0]}, {int(cfg[1])}L, B={int(cfg[2])}]"
             for obj in tables.ABLATION_OBJECTIVES:
                 line = sub[sub["objective"] == obj].sort_values("epoch")

@@ -37,9 +37,22 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from dpace.metrics_frame import (
+    CONFIG,
+    benchmark_averages,
+    check_unique,
+    config_mask,
+    distinct_configs,
+    final_epoch_rows,
+    is_finite,
+    prepared_metrics,
+    present_benchmarks,
+    require_columns,
+    rows_at_temperature,
+    target_label_of,
+)
 from dpace.objectives import DEFAULT_ALPHA, REGISTRY
 
-BENCHMARKS: tuple[str, ...] = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench", "alpaca")
 BENCHMARK_LABELS: dict[str, str] = {
     "gsm8k": "GSM8K",
     "math500": "MATH-500",
@@ -60,22 +73,6 @@ BENCHMARK_CATEGORIES: dict[str, str] = {
 OBJECTIVE_ORDER: tuple[str, ...] = tuple(sorted(REGISTRY, key=lambda name: REGISTRY[name].table_rank))
 OBJECTIVE_LABELS: dict[str, str] = {name: record.display_label() for name, record in REGISTRY.items()}
 NORMALIZE_ORDER: tuple[str, ...] = ("batch", "anchor", "weight", "token", "default")
-CONFIG: tuple[str, ...] = ("target", "depth", "block_size")
-METRIC_COLUMNS: tuple[str, ...] = (
-    "target",
-    "target_label",
-    "variant",
-    "group",
-    "objective",
-    "depth",
-    "block_size",
-    "alpha",
-    "epoch",
-    "benchmark",
-    "temperature",
-    "tau",
-    "speedup",
-)
 BLOCK_COLUMNS: tuple[str, ...] = ("variant", "benchmark", "temperature", "tau_block", "sum_q", "surrogate")
 TRAIN_RUN_COLUMNS: tuple[str, ...] = (
     "variant",
@@ -94,16 +91,9 @@ MISSING = "--"
 # --------------------------------------------------------------------------------------------
 
 
-def _finite(x: object) -> bool:
-    try:
-        return x is not None and math.isfinite(float(x))  # type: ignore[arg-type]
-    except (TypeError, ValueError):
-        return False
-
-
 def fmt(x: object, digits: int = 2) -> str:
     """``x`` with ``digits`` decimals, or ``--`` for missing / non-finite values."""
-    return f"{float(x):.{digits}f}" if _finite(x) else MISSING  # type: ignore[arg-type]
+    return f"{float(x):.{digits}f}" if is_finite(x) else MISSING  # type: ignore[arg-type]
 
 
 def _cell(x: object, bold: bool = False, *, math_mode: bool = False, digits: int = 2) -> str:
@@ -117,7 +107,7 @@ def _cell(x: object, bold: bool = False, *, math_mode: bool = False, digits: int
 
 def _best(values: Sequence[object], digits: int = 2, *, higher: bool = True) -> list[bool]:
     """Which entries are best at the displayed precision (all ties); none if < 2 candidates."""
-    rounded = [round(float(v), digits) if _finite(v) else None for v in values]  # type: ignore[arg-type]
+    rounded = [round(float(v), digits) if is_finite(v) else None for v in values]  # type: ignore[arg-type]
     finite = [v for v in rounded if v is not None]
     if len(finite) < 2:
         return [False] * len(values)
@@ -151,7 +141,7 @@ def objective_label(objective: str, k: object = None) -> str:
     """Display name of an objective (``k`` names the top-k of the prefix-mask baseline)."""
     if objective not in REGISTRY:
         return tex_escape(objective)
-    return REGISTRY[objective].display_label(k=int(float(k)) if _finite(k) else None)  # type: ignore[arg-type]
+    return REGISTRY[objective].display_label(k=int(float(k)) if is_finite(k) else None)  # type: ignore[arg-type]
 
 
 def benchmark_label(benchmark: str) -> str:
@@ -191,19 +181,6 @@ def _table(
 # --------------------------------------------------------------------------------------------
 # data selection helpers
 # --------------------------------------------------------------------------------------------
-
-
-def _require_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
-    missing = [c for c in columns if c not in df.columns]
-    if missing:
-        raise ValueError(f"{what} lacks column(s) {missing}")
-
-
-def _prepared(metrics: pd.DataFrame, extra: Iterable[str] = ()) -> pd.DataFrame:
-    _require_columns(metrics, (*METRIC_COLUMNS, *extra), "metrics")
-    df = metrics.copy()
-    df["_alpha"] = pd.to_numeric(df["alpha"], errors="coerce").round(6).fillna(-1.0)
-    return df
 
 
 def _group_rows(df: pd.DataFrame, group: str) -> pd.DataFrame:
@@ -257,57 +234,6 @@ def _complete(
     return pd.concat(parts, ignore_index=True)
 
 
-def _final_epoch(df: pd.DataFrame, epoch: int | None, what: str) -> pd.DataFrame:
-    if epoch is None:
-        last = df.groupby("variant")["epoch"].transform("max")
-        return df[df["epoch"] == last]
-    out = df[df["epoch"] == epoch]
-    if out.empty:
-        raise ValueError(f"{what}: no rows at epoch {epoch}")
-    return out
-
-
-def _at_temperature(df: pd.DataFrame, temperature: float, what: str) -> pd.DataFrame:
-    out = df[np.isclose(df["temperature"].astype(float), float(temperature))]
-    if out.empty:
-        raise ValueError(f"{what}: no rows at temperature {temperature:g}")
-    return out
-
-
-def _check_unique(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
-    dup = df.duplicated(list(cols), keep=False)
-    if dup.any():
-        example = df.loc[dup, list(cols)].drop_duplicates().head(3).to_dict("records")
-        raise ValueError(f"{what}: several rows for the same {list(cols)}, e.g. {example}")
-
-
-def present_benchmarks(df: pd.DataFrame) -> list[str]:
-    """Benchmarks of ``df`` in the paper's order (unknown ones after, sorted)."""
-    present = set(map(str, df["benchmark"].dropna().unique()))
-    known = [b for b in BENCHMARKS if b in present]
-    return known + sorted(present - set(BENCHMARKS))
-
-
-def benchmark_averages(
-    df: pd.DataFrame, keys: Sequence[str], benchmarks: Sequence[str] | None = None
-) -> pd.DataFrame:
-    """Mean ``speedup`` and ``tau`` over ``benchmarks`` (default: all present) per ``keys``.
-
-    A key lacking one of the benchmarks, or with a NaN value, averages to NaN.
-    """
-    benches = list(benchmarks) if benchmarks is not None else present_benchmarks(df)
-    _check_unique(df, [*keys, "benchmark"], "benchmark averages")
-    records = []
-    for key, sub in df.groupby(list(keys), sort=False, dropna=False):
-        key = key if isinstance(key, tuple) else (key,)
-        sub = sub.set_index("benchmark")
-        rec = dict(zip(keys, key, strict=True))
-        for col in ("speedup", "tau"):
-            rec[col] = float(sub[col].astype(float).reindex(benches).mean(skipna=False))
-        records.append(rec)
-    return pd.DataFrame.from_records(records, columns=[*keys, "speedup", "tau"])
-
-
 def _objective_rank(objective: str) -> int:
     try:
         return OBJECTIVE_ORDER.index(objective)
@@ -328,21 +254,6 @@ def _k_of(df: pd.DataFrame, objective: str) -> object:
 
 def _config_label(target_label: object, depth: object, block_size: object) -> str:
     return f"{tex_escape(target_label)}, {int(depth)}L, $B{{=}}{int(block_size)}$"
-
-
-def _sort_key(value: object) -> tuple:
-    return (0, float(value), "") if _finite(value) else (1, 0.0, str(value))
-
-
-def _configs(df: pd.DataFrame, cols: Sequence[str] = CONFIG) -> list[tuple]:
-    """Distinct configurations, numbers sorted numerically."""
-    rows = set(map(tuple, df[list(cols)].itertuples(index=False)))
-    return sorted(rows, key=lambda c: tuple(_sort_key(v) for v in c))
-
-
-def _target_label(df: pd.DataFrame, target: object) -> str:
-    labels = df.loc[df["target"] == target, "target_label"].dropna().unique()
-    return str(labels[0]) if len(labels) else str(target)
 
 
 def _epoch_phrase(df: pd.DataFrame) -> str:
@@ -380,9 +291,9 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: 
     temperature, from the final epoch of group ``main``; best per column within each (T, depth).
     With ``comparisons`` (``dpace.intervals.group_comparisons``), an average that differs significantly
     from DFlash's is marked with a dagger."""
-    df = _final_epoch(_group_rows(_prepared(metrics), "main"), epoch, "group 'main'")
+    df = final_epoch_rows(_group_rows(prepared_metrics(metrics), "main"), epoch, "group 'main'")
     significant = significant_differences(comparisons, "main", int(df["epoch"].iloc[0]))
-    _check_unique(df, ["objective", "depth", "temperature", "benchmark"], "group 'main'")
+    check_unique(df, ["objective", "depth", "temperature", "benchmark"], "group 'main'")
     benches = present_benchmarks(df)
     temps = sorted(df["temperature"].astype(float).unique())
     depths = sorted(df["depth"].astype(int).unique())
@@ -438,7 +349,7 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: 
             last = ti == len(temps) - 1 and di == len(t_depths) - 1
             body.append(r"\bottomrule" if last else r"\midrule")
 
-    labels = [tex_escape(_target_label(df, t)) for t in sorted(df["target"].unique())]
+    labels = [tex_escape(target_label_of(df, t)) for t in sorted(df["target"].unique())]
     depth_text = ", ".join(f"{d}L" for d in depths)
     temp_text = ", ".join(_temp_text(t) for t in temps)
     caption = (
@@ -470,7 +381,7 @@ def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temper
     from ``main``).  Without any ``cross_model`` rows, a study with a single target falls back to
     the main group's DFlash / D-PACE rows at its shallowest depth.
     """
-    df = _prepared(metrics)
+    df = prepared_metrics(metrics)
     if (df["group"] == "cross_model").any():
         rows = _complete(df, "cross_model", objectives=("dflash", "dpace"), borrow=("dflash", "dpace"))
     else:
@@ -481,19 +392,19 @@ def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temper
             )
         rows = main[(main["depth"] == main["depth"].min()) & main["objective"].isin(["dflash", "dpace"])]
     what = "group 'cross_model'"
-    rows = _at_temperature(_final_epoch(rows, epoch, what), temperature, what)
+    rows = rows_at_temperature(final_epoch_rows(rows, epoch, what), temperature, what)
     if rows.empty:
         raise ValueError(f"{what}: no DFlash / D-PACE rows")
-    _check_unique(rows, [*CONFIG, "objective", "benchmark"], what)
+    check_unique(rows, [*CONFIG, "objective", "benchmark"], what)
     benches = present_benchmarks(rows)
-    configs = _configs(rows)
-    label_counts = pd.Series([_target_label(rows, c[0]) for c in configs]).value_counts()
+    configs = distinct_configs(rows)
+    label_counts = pd.Series([target_label_of(rows, c[0]) for c in configs]).value_counts()
 
     spec = "ll" + "c" * len(benches)
     body = [r"\toprule", _row(["Target", "Method"] + [benchmark_label(b) for b in benches]), r"\midrule"]
     for ci, (target, depth, bsize) in enumerate(configs):
         sub = rows[(rows["target"] == target) & (rows["depth"] == depth) & (rows["block_size"] == bsize)]
-        tl = _target_label(rows, target)
+        tl = target_label_of(rows, target)
         shown = tex_escape(tl) if label_counts[tl] == 1 else _config_label(tl, depth, bsize)
         objs = _sort_objectives(sub["objective"].unique())
         sr = {o: sub[sub["objective"] == o].set_index("benchmark")["speedup"] for o in objs}
@@ -515,7 +426,7 @@ def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temper
         body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
 
     depths = sorted({int(c[1]) for c in configs})
-    targets = [tex_escape(_target_label(rows, t)) for t in dict.fromkeys(c[0] for c in configs)]
+    targets = [tex_escape(target_label_of(rows, t)) for t in dict.fromkeys(c[0] for c in configs)]
     caption = (
         r"\textbf{Generalization to other targets.} Per-benchmark SR / $\tau$ at "
         f"$T{{=}}{_temp_text(temperature)}$ for {'/'.join(f'{d}L' for d in depths)} drafters of "
@@ -542,14 +453,14 @@ def ablation_trajectories(
 ) -> pd.DataFrame:
     """Long frame (config, objective, epoch, tau) of the ablation runs on ``benchmark`` at
     ``temperature`` (group ``ablation``; DFlash / D-PACE borrowed from ``main`` if absent)."""
-    df = _prepared(metrics)
+    df = prepared_metrics(metrics)
     rows = _complete(df, "ablation", objectives=ABLATION_OBJECTIVES, borrow=("dflash", "dpace"))
     what = "group 'ablation'"
     rows = rows[rows["benchmark"] == benchmark]
     if rows.empty:
         raise ValueError(f"{what}: no rows for benchmark {benchmark!r}")
-    rows = _at_temperature(rows, temperature, what)
-    _check_unique(rows, [*CONFIG, "objective", "epoch"], what)
+    rows = rows_at_temperature(rows, temperature, what)
+    check_unique(rows, [*CONFIG, "objective", "epoch"], what)
     return rows[[*CONFIG, "target_label", "objective", "epoch", "tau"]].sort_values(
         [*CONFIG, "objective", "epoch"], ignore_index=True
     )
@@ -560,13 +471,13 @@ def table_ablation(metrics: pd.DataFrame, *, benchmark: str = "math500", tempera
     continuation-only, cumulative-only and D-PACE; best per epoch column bold."""
     traj = ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)
     epochs = sorted(traj["epoch"].astype(int).unique())
-    configs = _configs(traj)
+    configs = distinct_configs(traj)
     ncols = 1 + len(epochs)
     body = [r"\toprule", _row(["Epoch"] + [str(e) for e in epochs]), r"\midrule"]
     for ci, cfg in enumerate(configs):
-        sub = traj[(traj[list(CONFIG)] == pd.Series(cfg, index=list(CONFIG))).all(axis=1)]
+        sub = traj[config_mask(traj, cfg)]
         if len(configs) > 1:
-            label = _config_label(_target_label(sub, cfg[0]), cfg[1], cfg[2])
+            label = _config_label(target_label_of(sub, cfg[0]), cfg[1], cfg[2])
             body.append(f"\\multicolumn{{{ncols}}}{{l}}{{\\emph{{{label}}}}} \\\\")
         wide = sub.pivot(index="objective", columns="epoch", values="tau")
         objs = [o for o in ABLATION_OBJECTIVES if o in wide.index]
@@ -599,17 +510,17 @@ def table_smoothing(
     Runs the sweep shares with other experiments (DFlash, D-PACE at the default alpha) are borrowed
     from groups ``main`` then ``block_size`` when the smoothing group lacks them.
     """
-    df = _prepared(metrics)
+    df = prepared_metrics(metrics)
     rows = _complete(df, "smoothing", objectives=("dpace", "dflash"), borrow=("dpace", "dflash"),
                      key_cols=("objective", "_alpha"), sources=("main", "block_size"))
     what = "group 'smoothing'"
-    rows = _at_temperature(_final_epoch(rows, epoch, what), temperature, what)
+    rows = rows_at_temperature(final_epoch_rows(rows, epoch, what), temperature, what)
     avg = benchmark_averages(rows, [*CONFIG, "objective", "_alpha"])
     dp = avg[(avg["objective"] == "dpace") & (avg["_alpha"] >= 0)]
     alphas = sorted(dp["_alpha"].unique())
     if not alphas:
         raise ValueError(f"{what}: no D-PACE runs")
-    configs = _configs(avg)
+    configs = distinct_configs(avg)
     depths = {int(c[1]) for c in configs}
 
     n = len(alphas)
@@ -633,7 +544,7 @@ def table_smoothing(
         ref = sub[sub["objective"] == "dflash"]
         vals.append(ref["tau"].iloc[0] if len(ref) else np.nan)
         bold = _best(vals)
-        tl = tex_escape(_target_label(rows, target))
+        tl = tex_escape(target_label_of(rows, target))
         label = f"{tl} ({int(depth)}L, $B{{=}}{int(bsize)}$)" if len(depths) > 1 else f"{tl} ($B{{=}}{int(bsize)}$)"
         body.append(_row([label] + [_cell(v, b, math_mode=True) for v, b in zip(vals, bold, strict=True)]))
     body.append(r"\bottomrule")
@@ -651,7 +562,7 @@ def table_smoothing(
 
 
 def _delta(new: float, old: float) -> str:
-    if not (_finite(new) and _finite(old)) or float(old) == 0.0:
+    if not (is_finite(new) and is_finite(old)) or float(old) == 0.0:
         return MISSING
     return f"${100.0 * (float(new) / float(old) - 1.0):+.1f}$"
 
@@ -659,13 +570,13 @@ def _delta(new: float, old: float) -> str:
 def table_block_size(metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0) -> str:
     """Table 4 (``tab:block-size``): average SR and tau per block size B, DFlash vs D-PACE, and the
     relative change Delta(%) (group ``block_size``; the B of the main runs borrowed from ``main``)."""
-    df = _prepared(metrics)
+    df = prepared_metrics(metrics)
     rows = _complete(df, "block_size", objectives=("dflash", "dpace"), borrow=("dflash", "dpace"),
                      config_cols=("target", "depth"), key_cols=("objective", "block_size"))
     what = "group 'block_size'"
-    rows = _at_temperature(_final_epoch(rows, epoch, what), temperature, what)
+    rows = rows_at_temperature(final_epoch_rows(rows, epoch, what), temperature, what)
     avg = benchmark_averages(rows, [*CONFIG, "objective"])
-    configs = _configs(avg, ("target", "depth"))
+    configs = distinct_configs(avg, ("target", "depth"))
     body = [
         r"\toprule",
         _row(["", r"\multicolumn{2}{c}{DFlash}", r"\multicolumn{2}{c}{D-PACE}", r"\multicolumn{2}{c}{$\Delta$ (\%)}"]),
@@ -676,7 +587,7 @@ def table_block_size(metrics: pd.DataFrame, *, epoch: int | None = None, tempera
     for ci, (target, depth) in enumerate(configs):
         sub = avg[(avg["target"] == target) & (avg["depth"] == depth)]
         if len(configs) > 1:
-            label = f"{tex_escape(_target_label(rows, target))}, {int(depth)}L"
+            label = f"{tex_escape(target_label_of(rows, target))}, {int(depth)}L"
             body.append(f"\\multicolumn{{7}}{{l}}{{\\emph{{{label}}}}} \\\\")
         for bsize in sorted(sub["block_size"].astype(int).unique()):
             at_b = sub[sub["block_size"] == bsize].set_index("objective")
@@ -692,7 +603,7 @@ def table_block_size(metrics: pd.DataFrame, *, epoch: int | None = None, tempera
             cells += [_delta(val["dpace", c], val["dflash", c]) for c in ("speedup", "tau")]
             body.append(_row(cells))
         body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
-    targets = [tex_escape(_target_label(rows, t)) for t in dict.fromkeys(c[0] for c in configs)]
+    targets = [tex_escape(target_label_of(rows, t)) for t in dict.fromkeys(c[0] for c in configs)]
     depths = sorted({int(c[1]) for c in configs})
     n_b = rows["block_size"].nunique()
     caption = (
@@ -721,8 +632,8 @@ def _avg_table(
 ) -> str:
     """Rows = methods (per configuration), columns = (SR, tau) per temperature, best per column."""
     keys = [*CONFIG, *row_keys]
-    avgs = {t: benchmark_averages(_at_temperature(rows, t, label), keys) for t in temperatures}
-    configs = _configs(rows)
+    avgs = {t: benchmark_averages(rows_at_temperature(rows, t, label), keys) for t in temperatures}
+    configs = distinct_configs(rows)
     nt = len(temperatures)
     ncols = 1 + 2 * nt
     body = [r"\toprule"]
@@ -732,9 +643,9 @@ def _avg_table(
     body += [_row(["Method"] + ["SR", r"$\tau$"] * nt), r"\midrule"]
     for ci, cfg in enumerate(configs):
         if len(configs) > 1:
-            cl = _config_label(_target_label(rows, cfg[0]), cfg[1], cfg[2])
+            cl = _config_label(target_label_of(rows, cfg[0]), cfg[1], cfg[2])
             body.append(f"\\multicolumn{{{ncols}}}{{l}}{{\\emph{{{cl}}}}} \\\\")
-        sub_rows = rows[(rows[list(CONFIG)] == pd.Series(cfg, index=list(CONFIG))).all(axis=1)]
+        sub_rows = rows[config_mask(rows, cfg)]
         rkeys = sorted(set(map(tuple, sub_rows[list(row_keys)].itertuples(index=False))), key=order)
         values = []
         for rk in rkeys:
@@ -771,10 +682,10 @@ def table_target_prob(
     """Table 6 (``tab:target``): average SR / tau of DFlash, D-PACE (target prob) and D-PACE
     (group ``target_prob``; DFlash and D-PACE borrowed from ``main``).  ``temperatures=None``
     renders every temperature present."""
-    df = _prepared(metrics)
+    df = prepared_metrics(metrics)
     rows = _complete(df, "target_prob", objectives=tuple(TARGET_PROB_LABELS), borrow=("dflash", "dpace"))
     what = "group 'target_prob'"
-    rows = _final_epoch(rows, epoch, what)
+    rows = final_epoch_rows(rows, epoch, what)
     temps = _temperatures(rows, "target_prob", temperatures)
     depths = sorted(rows["depth"].astype(int).unique())
     caption = (
@@ -800,10 +711,10 @@ def table_objectives_extra(
     """Extension table (``tab:objectives-extra``): average SR / tau per temperature of the extra
     objectives (group ``extras``: D-PAKL, PARD-2 CAT, ...) next to the main DFlash / D-PACE runs of
     the same target, depth and block size."""
-    df = _prepared(metrics)
+    df = prepared_metrics(metrics)
     rows = _complete(df, "extras", borrow=("dflash", "dpace"))
     what = "group 'extras'"
-    rows = _final_epoch(rows, epoch, what)
+    rows = final_epoch_rows(rows, epoch, what)
     temps = _temperatures(rows, "extras", temperatures)
     caption = (
         r"\textbf{Further objectives.} Average SR and $\tau$ over the "
@@ -831,10 +742,10 @@ def table_normalization(
 ) -> str:
     """Extension table (``tab:normalization``): average SR / tau per temperature of D-PACE under each
     loss normalisation (group ``normalization``), with the main DFlash run as reference."""
-    df = _prepared(metrics, extra=("normalize",))
+    df = prepared_metrics(metrics, extra=("normalize",))
     rows = _complete(df, "normalization", borrow=("dflash",), key_cols=("objective", "normalize"))
     what = "group 'normalization'"
-    rows = _final_epoch(rows, epoch, what)
+    rows = final_epoch_rows(rows, epoch, what)
     temps = _temperatures(rows, "normalization", temperatures)
 
     def label_of(k: tuple) -> str:
@@ -866,7 +777,7 @@ def table_normalization(
 
 
 def _mmss(seconds: object) -> str:
-    if not _finite(seconds):
+    if not is_finite(seconds):
         return MISSING
     total = int(round(float(seconds)))  # type: ignore[arg-type]
     h, rest = divmod(total, 3600)
@@ -883,7 +794,7 @@ def _select_timing_runs(
     elif runs.groupby("objective")["variant"].nunique().max() > 1:
         info = None
         if metrics is not None:
-            _require_columns(metrics, ("variant", "group", "depth"), "metrics")
+            require_columns(metrics, ("variant", "group", "depth"), "metrics")
             info = metrics[["variant", "group", "depth"]].drop_duplicates("variant")
         elif {"group", "depth"} <= set(runs.columns):
             info = runs[["variant", "group", "depth"]]
@@ -918,7 +829,7 @@ def table_training_time(
     With several DFlash / D-PACE runs, pick them with ``variants=`` or let ``metrics`` (its
     ``variant``, ``group``, ``depth``) select the shallowest runs of group ``main``.
     """
-    _require_columns(train_runs, TRAIN_RUN_COLUMNS, "train_runs")
+    require_columns(train_runs, TRAIN_RUN_COLUMNS, "train_runs")
     runs = _select_timing_runs(train_runs, variants, metrics)
     by_obj = {o: runs[runs["objective"] == o].iloc[0] for o in ("dflash", "dpace") if (runs["objective"] == o).any()}
     labels = {"dflash": "DFlash (decayed-CE)", "dpace": r"\textbf{D-PACE}"}
@@ -926,11 +837,11 @@ def table_training_time(
     body = [r"\toprule", _row(header), r"\midrule"]
 
     def ms(seconds) -> str:
-        return f"{float(seconds) * 1000:.0f}~ms" if _finite(seconds) else MISSING
+        return f"{float(seconds) * 1000:.0f}~ms" if is_finite(seconds) else MISSING
 
     def per_iteration(r):
         accumulation = r.get("grad_accumulation", math.nan)
-        return float(r["time_per_step_s"]) / float(accumulation) if _finite(accumulation) else math.nan
+        return float(r["time_per_step_s"]) / float(accumulation) if is_finite(accumulation) else math.nan
 
     for o, r in by_obj.items():
         body.append(_row([labels[o], _mmss(r["time_per_epoch_s"]), ms(per_iteration(r)), ms(r["time_per_step_s"])]))
@@ -941,8 +852,8 @@ def table_training_time(
     if "depth" in runs.columns and runs["depth"].nunique() == 1:
         depth = f"{int(runs['depth'].iloc[0])}L "
     caption = f"Training wall-clock for the {depth}draft ($B{{=}}{'/'.join(map(str, bsizes))}$)."
-    iterations = {int(r["iterations_per_epoch"]) for r in by_obj.values() if _finite(r.get("iterations_per_epoch"))}
-    accumulation = {int(r["grad_accumulation"]) for r in by_obj.values() if _finite(r.get("grad_accumulation"))}
+    iterations = {int(r["iterations_per_epoch"]) for r in by_obj.values() if is_finite(r.get("iterations_per_epoch"))}
+    accumulation = {int(r["grad_accumulation"]) for r in by_obj.values() if is_finite(r.get("grad_accumulation"))}
     unit = " An iteration is one micro-batch (the paper's per-step unit)"
     if len(accumulation) == 1:
         unit += f"; an optimizer step is {next(iter(accumulation))} iterations"
@@ -951,7 +862,7 @@ def table_training_time(
         caption += f" {next(iter(iterations)):,} iterations per epoch.".replace(",", "{,}")
     if len(by_obj) == 2:
         a, b = (float(by_obj[o]["time_per_step_s"]) for o in ("dflash", "dpace"))
-        if _finite(a) and _finite(b) and a > 0:
+        if is_finite(a) and is_finite(b) and a > 0:
             caption += f" D-PACE changes the time per iteration by ${100 * (b / a - 1):+.1f}\\%$."
     return _table(body, spec="lccc", caption=caption, label="tab:training-time")
 
@@ -973,7 +884,7 @@ def select_blocks(
 
     When ``blocks`` has an ``epoch`` column, only ``epoch`` (default: the latest one) is kept.
     """
-    _require_columns(blocks, BLOCK_COLUMNS, "blocks")
+    require_columns(blocks, BLOCK_COLUMNS, "blocks")
     rows = blocks
     if benchmark is not None:
         rows = rows[rows["benchmark"] == benchmark]
@@ -1004,7 +915,7 @@ def block_correlations(blocks: pd.DataFrame) -> dict[str, tuple[float, float]]:
 
 
 def _pvalue_text(p: float) -> str:
-    if not _finite(p):
+    if not is_finite(p):
         return MISSING
     if p < 1e-10:
         return r"$<10^{-10}$"
@@ -1047,16 +958,13 @@ def table_correlation(
 
 
 __all__ = [
-    "BENCHMARKS",
     "BENCHMARK_LABELS",
     "OBJECTIVE_LABELS",
     "OBJECTIVE_ORDER",
     "ablation_trajectories",
-    "benchmark_averages",
     "block_correlations",
     "fmt",
     "objective_label",
-    "present_benchmarks",
     "select_blocks",
     "table_ablation",
     "table_block_size",
