@@ -10,6 +10,7 @@ import pandas as pd
 
 from dpace.intervals import group_comparisons
 from dpace.io import atomic_write_text
+from dpace.training_records import read_steps, read_summary
 
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "group", "objective", "depth", "block_size", "alpha", "k", "gamma",
@@ -87,14 +88,14 @@ def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.D
     steps, runs = [], []
     for folder in map(Path, drafter_dirs):
         info = meta[folder.name]
-        rows = [json.loads(line) for line in (folder / "steps.jsonl").read_text().splitlines() if line.strip()]
+        rows = read_steps(folder)
         for row in rows:
             flat = {k: v for k, v in row.items() if k != "weight_per_position"}
             # Figures label steps by their global index; the position within the epoch stays available.
             flat["step_in_epoch"], flat["step"] = flat["step"], flat["global_step"]
             flat.update({f"w_{j}": w for j, w in enumerate(row["weight_per_position"])})
             steps.append({"target": info["target"], "variant": folder.name, "objective": info["objective"], **flat})
-        summary = json.loads((folder / "summary.json").read_text())
+        summary = read_summary(folder)
         settings = summary.get("config", {})
         accumulation = settings.get("grad_accumulation", math.nan)
         micro_batch = settings.get("micro_batch_size")

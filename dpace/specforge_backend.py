@@ -58,6 +58,7 @@ from pathlib import Path
 import yaml
 
 from dpace.io import atomic_file, atomic_folder, atomic_write_text
+from dpace.training_records import run_summary, step_row, write_records
 
 ALGORITHM_NAME = "dpace"
 OBJECTIVE_KEY = "dpace_objective"
@@ -530,20 +531,20 @@ def _step_row(metrics: dict, *, per_epoch: int, total: int, epochs: int) -> dict
     epoch = min(epochs, global_step // per_epoch + 1)
     step = global_step - (epoch - 1) * per_epoch
     weights = _first(metrics, "weight_per_position", numeric=False)
-    return {
-        **{f"specforge/{k}": v for k, v in metrics.items() if k != "global_step"},
-        "global_step": global_step,
-        "epoch": epoch,
-        "step": step,
-        "progress": (global_step + 1) / total,
-        "epoch_progress": (step + 1) / per_epoch,
-        "loss": _first(metrics, "loss"),
-        "accuracy": _first(metrics, "accuracy", "acc"),
-        "grad_norm": _first(metrics, "grad_norm"),
-        "lr": _first(metrics, "lr", "learning_rate"),
-        "step_time_s": _first(metrics, "step_time", "step_time_s", "time_per_step"),
-        "weight_per_position": list(weights) if isinstance(weights, list) else [],
-    }
+    return step_row(
+        global_step=global_step,
+        epoch=epoch,
+        step=step,
+        total_steps=total,
+        steps_per_epoch=per_epoch,
+        loss=_first(metrics, "loss"),
+        accuracy=_first(metrics, "accuracy", "acc"),
+        grad_norm=_first(metrics, "grad_norm"),
+        lr=_first(metrics, "lr", "learning_rate"),
+        step_time_s=_first(metrics, "step_time", "step_time_s", "time_per_step"),
+        weight_per_position=list(weights) if isinstance(weights, list) else [],
+        extra={f"specforge/{k}": v for k, v in metrics.items() if k != "global_step"},
+    )
 
 
 def _run(command: list[str], log) -> tuple[int, str]:
@@ -578,7 +579,6 @@ def train_with_specforge(
     from transformers import AutoConfig
 
     from dpace.features import load_features
-    from dpace.io import atomic_write_json, atomic_write_jsonl
     from dpace.targets import _resolve, load_tokenizer
 
     log = log or sys.stdout
@@ -649,29 +649,27 @@ def train_with_specforge(
     total = steps[epochs]
     per_epoch = int(run["training"]["save_interval"])
     step_rows = [_step_row(row, per_epoch=per_epoch, total=total, epochs=epochs) for row in rows]
-    atomic_write_jsonl(out_dir / "steps.jsonl", step_rows)
     step_times = [r["step_time_s"] for r in step_rows if r["step_time_s"] is not None]
     time_per_step = sum(step_times) / len(step_times) if step_times else wall / total
-    summary = {
-        "backend": "specforge",
-        "objective": spec.objective,
-        "hparams": spec.hparams,
-        "normalize": spec.normalize,
-        "epochs": epochs,
-        "steps": total,
-        "steps_per_epoch": per_epoch,
-        "epoch_end_steps": {str(k): v for k, v in steps.items()},
-        "time_per_step_s": time_per_step,  # SpecForge's step time if it logs one, else wall time / steps
-        "time_per_epoch_s": time_per_step * total / epochs,
-        "wall_time_s": wall,
-        "final_loss": step_rows[-1]["loss"] if step_rows else None,
-        "final_accuracy": step_rows[-1]["accuracy"] if step_rows else None,
-        "num_sequences": num_prompts,
-        "topology": asdict(topology),
-        "specforge_run": str(run_yaml),
-        "config": {**settings, "mask_token_id": int(mask_token_id), "max_length": max_length},
-    }
-    atomic_write_json(out_dir / "summary.json", summary)
+    summary = run_summary(
+        step_rows,
+        backend="specforge",
+        objective=spec.objective,
+        hparams=spec.hparams,
+        normalize=spec.normalize,
+        epochs=epochs,
+        steps=total,
+        steps_per_epoch=per_epoch,
+        epoch_end_steps={str(k): v for k, v in steps.items()},
+        time_per_step_s=time_per_step,  # SpecForge's step time if it logs one, else wall time / steps
+        time_per_epoch_s=time_per_step * total / epochs,
+        wall_time_s=wall,
+        num_sequences=num_prompts,
+        topology=asdict(topology),
+        specforge_run=str(run_yaml),
+        config={**settings, "mask_token_id": int(mask_token_id), "max_length": max_length},
+    )
+    write_records(out_dir, step_rows, summary)
     return summary
 
 

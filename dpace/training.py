@@ -32,10 +32,11 @@ from dpace.drafter import (
 )
 from dpace.features import FeatureSet, load_features, target_hidden_states
 from dpace.gpus import device_clock
-from dpace.io import JsonlAppender, atomic_file, atomic_write_json, atomic_write_jsonl, read_partial_jsonl
+from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, read_partial_jsonl
 from dpace.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.online_model import ObjectiveDFlashModel
 from dpace.targets import load_target
+from dpace.training_records import STEPS_FILE, run_summary, step_row, write_records
 
 
 @dataclass
@@ -243,7 +244,7 @@ def train_drafter(
     # failed job's declared outputs; an in-place steps.jsonl would also look complete before it is);
     # out_dir/steps.jsonl is written once, atomically, at the end. Keep only rows up to the resumed
     # step, so a resumed log equals an uninterrupted one.
-    running_log = scratch_dir / "steps.jsonl"
+    running_log = scratch_dir / STEPS_FILE
     kept = [row for row in read_partial_jsonl(running_log) if row["global_step"] < global_step]
     atomic_write_jsonl(running_log, kept)
 
@@ -305,19 +306,19 @@ def train_drafter(
                 optimizer.step()
                 scheduler.step()
                 step_time = device_clock(device) - started
-                log.write({
-                    "global_step": global_step,
-                    "epoch": epoch + 1,
-                    "step": step_in_epoch,
-                    "progress": (global_step + 1) / total_steps,
-                    "epoch_progress": (step_in_epoch + 1) / steps_per_epoch,
-                    "loss": loss_sum,
-                    "accuracy": accuracy_sum,
-                    "grad_norm": float(grad_norm),
-                    "lr": scheduler.get_last_lr()[0],
-                    "step_time_s": step_time,
-                    "weight_per_position": torch.stack(weights).mean(0).tolist(),
-                })
+                log.write(step_row(
+                    global_step=global_step,
+                    epoch=epoch + 1,
+                    step=step_in_epoch,
+                    total_steps=total_steps,
+                    steps_per_epoch=steps_per_epoch,
+                    loss=loss_sum,
+                    accuracy=accuracy_sum,
+                    grad_norm=float(grad_norm),
+                    lr=scheduler.get_last_lr()[0],
+                    step_time_s=step_time,
+                    weight_per_position=torch.stack(weights).mean(0).tolist(),
+                ))
                 step_in_epoch += 1
                 global_step += 1
                 progress.update(1)
@@ -336,22 +337,20 @@ def train_drafter(
 
     rows = read_partial_jsonl(running_log)
     step_times = [row["step_time_s"] for row in rows]
-    summary = {
-        "objective": objective,
-        "hparams": hparams,
-        "normalize": config.normalize,
-        "epochs": config.epochs,
-        "steps": total_steps,
-        "steps_per_epoch": steps_per_epoch,
-        "time_per_step_s": sum(step_times) / len(step_times),
-        "time_per_epoch_s": sum(step_times) / config.epochs,
-        "final_loss": rows[-1]["loss"],
-        "final_accuracy": rows[-1]["accuracy"],
-        "num_sequences": len(features),
-        "config": asdict(config),
-    }
-    atomic_write_jsonl(out_dir / "steps.jsonl", rows)
-    atomic_write_json(out_dir / "summary.json", summary)
+    summary = run_summary(
+        rows,
+        objective=objective,
+        hparams=hparams,
+        normalize=config.normalize,
+        epochs=config.epochs,
+        steps=total_steps,
+        steps_per_epoch=steps_per_epoch,
+        time_per_step_s=sum(step_times) / len(step_times),
+        time_per_epoch_s=sum(step_times) / config.epochs,
+        num_sequences=len(features),
+        config=asdict(config),
+    )
+    write_records(out_dir, rows, summary)
     state_path.unlink(missing_ok=True)
     running_log.unlink(missing_ok=True)
     return summary

@@ -1,0 +1,115 @@
+"""A drafter folder's training records, written alike by both training backends (``dpace.training``,
+the local loop, and ``dpace.specforge_backend``) and read by ``dpace.report``:
+
+* ``steps.jsonl`` -- one row per optimizer step (0-based ``global_step``, 1-based ``epoch``,
+  0-based ``step`` within the epoch, ``progress`` and ``epoch_progress`` in (0, 1], ``loss``,
+  ``accuracy``, ``grad_norm``, ``lr``, ``step_time_s`` and the per-position mean weights
+  ``weight_per_position``); a backend may put its own fields first (SpecForge: ``specforge/<key>``);
+* ``summary.json`` -- the run: objective, hyperparameters, normalization, epochs, steps, time per
+  step and per epoch, final loss and accuracy, number of training sequences and the settings.
+"""
+
+from __future__ import annotations
+
+import json
+from pathlib import Path
+
+from dpace.io import atomic_write_json, atomic_write_jsonl
+
+STEPS_FILE = "steps.jsonl"
+SUMMARY_FILE = "summary.json"
+
+
+def step_row(
+    *,
+    global_step: int,
+    epoch: int,
+    step: int,
+    total_steps: int,
+    steps_per_epoch: int,
+    loss,
+    accuracy,
+    grad_norm,
+    lr,
+    step_time_s,
+    weight_per_position: list,
+    extra: dict | None = None,
+) -> dict:
+    """One ``steps.jsonl`` row: optimizer step ``global_step`` (0-based), step ``step`` (0-based) of
+    epoch ``epoch`` (1-based); ``extra`` fields (a backend's own metrics) come first."""
+    return {
+        **(extra or {}),
+        "global_step": global_step,
+        "epoch": epoch,
+        "step": step,
+        "progress": (global_step + 1) / total_steps,
+        "epoch_progress": (step + 1) / steps_per_epoch,
+        "loss": loss,
+        "accuracy": accuracy,
+        "grad_norm": grad_norm,
+        "lr": lr,
+        "step_time_s": step_time_s,
+        "weight_per_position": weight_per_position,
+    }
+
+
+def run_summary(
+    rows: list[dict],
+    *,
+    objective: str,
+    hparams: dict,
+    normalize,
+    epochs: int,
+    steps: int,
+    steps_per_epoch: int,
+    time_per_step_s: float,
+    time_per_epoch_s: float,
+    num_sequences: int,
+    config: dict,
+    backend: str | None = None,
+    epoch_end_steps: dict | None = None,
+    wall_time_s: float | None = None,
+    topology: dict | None = None,
+    specforge_run: str | None = None,
+) -> dict:
+    """The ``summary.json`` of a run whose ``steps.jsonl`` holds ``rows``; the keyword-only
+    fields after ``config`` are written only when given (the SpecForge backend's)."""
+    optional = {"backend": backend, "epoch_end_steps": epoch_end_steps, "wall_time_s": wall_time_s,
+                "topology": topology, "specforge_run": specforge_run}
+    summary = {
+        "backend": backend,
+        "objective": objective,
+        "hparams": hparams,
+        "normalize": normalize,
+        "epochs": epochs,
+        "steps": steps,
+        "steps_per_epoch": steps_per_epoch,
+        "epoch_end_steps": epoch_end_steps,
+        "time_per_step_s": time_per_step_s,
+        "time_per_epoch_s": time_per_epoch_s,
+        "wall_time_s": wall_time_s,
+        "final_loss": rows[-1]["loss"] if rows else None,
+        "final_accuracy": rows[-1]["accuracy"] if rows else None,
+        "num_sequences": num_sequences,
+        "topology": topology,
+        "specforge_run": specforge_run,
+        "config": config,
+    }
+    return {key: value for key, value in summary.items() if key not in optional or value is not None}
+
+
+def write_records(out_dir: str | Path, rows: list[dict], summary: dict) -> None:
+    """``out_dir/steps.jsonl`` and ``out_dir/summary.json``, each written atomically."""
+    atomic_write_jsonl(Path(out_dir) / STEPS_FILE, rows)
+    atomic_write_json(Path(out_dir) / SUMMARY_FILE, summary)
+
+
+def read_steps(drafter_dir: str | Path) -> list[dict]:
+    """The rows of ``drafter_dir/steps.jsonl``."""
+    text = (Path(drafter_dir) / STEPS_FILE).read_text()
+    return [json.loads(line) for line in text.splitlines() if line.strip()]
+
+
+def read_summary(drafter_dir: str | Path) -> dict:
+    """``drafter_dir/summary.json``."""
+    return json.loads((Path(drafter_dir) / SUMMARY_FILE).read_text())
