@@ -31,7 +31,7 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from dpace.decoding import _make_cache, autoregressive_generate, optimize_for_cpu, speculative_generate
+from dpace.decoding import autoregressive_generate, new_kv_cache, optimize_for_cpu, speculative_generate
 from dpace.drafter import default_target_layer_ids, drafter_config
 from dpace.targets import chat_prompt_ids, load_target, prepare_target
 
@@ -107,12 +107,12 @@ def timed(fn, repeats):
 def step_costs(target, drafter, prompt_ids, context, repeats):
     """ms per AR step (1 token), verify step (B tokens) and draft step, at ``context`` cached tokens."""
     block = drafter.block_size
-    cache = _make_cache(target.config)
+    cache = new_kv_cache(target.config)
     ids = torch.tensor([prompt_ids * (context // len(prompt_ids) + 1)])[:, :context]
     out = target(ids, past_key_values=cache, use_cache=True, logits_to_keep=1, output_hidden_states=True)
     layer_ids = drafter.target_layer_ids
     hidden = torch.cat([out.hidden_states[i + 1] for i in layer_ids], dim=-1)
-    draft_cache = _make_cache(drafter.config)
+    draft_cache = new_kv_cache(drafter.config)
     positions = torch.arange(context + block)[None]
     noise = F.embedding(torch.full((1, block), drafter.mask_token_id), target.get_input_embeddings().weight)
     drafter(target_hidden=hidden, noise_embedding=noise, position_ids=positions,

@@ -28,7 +28,7 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
 
     from dpace.drafter import build_drafter
     from dpace.online_model import ObjectiveDFlashModel
-    from dpace.training import _batches
+    from dpace.training import padded_micro_batches
 
     config = Qwen3Config.from_pretrained(str(checkpoint))
     drafter = build_drafter(config)
@@ -41,7 +41,7 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
     torch.manual_seed(seed)  # the same anchors for every checkpoint
     sums: dict[str, list] = {}
     with torch.no_grad():
-        for batch in _batches(features, list(range(len(features))), 4):
+        for batch in padded_micro_batches(features, list(range(len(features))), 4):
             _, _, metrics = model(input_ids=batch["input_ids"], hidden_states=batch["hidden"], loss_mask=batch["loss_mask"])
             for name, (numerator, denominator) in metrics["ratio_metrics"].items():
                 total = sums.setdefault(name, [0, 0])

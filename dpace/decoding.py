@@ -124,7 +124,8 @@ class DecodeResult:
 # ---------------------------------------------------------------------------
 
 
-def _make_cache(config) -> DynamicCache:
+def new_kv_cache(config) -> DynamicCache:
+    """An empty KV cache for a model of `config` that speculative decoding can roll back."""
     cache = DynamicCache(config=config)
     cache.activate_past_recording()  # lets sliding-window layers be rolled back, as dflash does
     return cache
@@ -285,8 +286,8 @@ def speculative_generate(
     max_length = num_input + max_new_tokens
     output_ids = torch.full((1, max_length + 1), int(drafter.mask_token_id), dtype=torch.long, device=device)
     position_ids = torch.arange(max_length + 1, device=device)[None]
-    target_cache = _make_cache(target.config)
-    draft_cache = _make_cache(drafter.config)
+    target_cache = new_kv_cache(target.config)
+    draft_cache = new_kv_cache(drafter.config)
 
     prefill_start = device_clock(device)
     output = target(
@@ -410,7 +411,7 @@ def autoregressive_generate(
     input_ids = _as_batch(input_ids, device)
     stops = {int(t) for t in (stop_token_ids or ())}
     num_input = input_ids.shape[1]
-    cache = _make_cache(target.config)
+    cache = new_kv_cache(target.config)
 
     prefill_start = device_clock(device)
     output = target(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)

@@ -86,10 +86,10 @@ def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, bat
     to the scratch file as soon as it finishes, so a rerun resumes after the last batch."""
     from dpace.gpus import gpu_slot
     from dpace.sglang_backend import require_sglang
-    from dpace.targets import _resolve
+    from dpace.targets import model_location
 
     sglang = require_sglang()  # GPU-only extra: pip install -e .[gpu]
-    path, trust = _resolve(target_json)
+    path, trust = model_location(target_json)
     stops = stop_token_ids(load_tokenizer(target_json))
     sampling = {
         "temperature": float(temperature),

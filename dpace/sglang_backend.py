@@ -281,12 +281,12 @@ def evaluate_sglang(
 ) -> list[dict]:
     """Evaluate a drafter with SGLang's DFLASH speculative decoding; the arguments and outputs of
     ``dpace.evaluation.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
-    from dpace.targets import _resolve, chat_prompt_ids, load_tokenizer, stop_token_ids
+    from dpace.targets import chat_prompt_ids, load_tokenizer, model_location, stop_token_ids
 
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
     block_size = drafter_block_size(drafter_dir)
-    model_path, trust = _resolve(target_json)
+    model_path, trust = model_location(target_json)
     tokenizer = load_tokenizer(target_json)
     stops = stop_token_ids(tokenizer)
     records_path, log_dir = Path(records_path), Path(log_dir)

@@ -579,14 +579,14 @@ def train_with_specforge(
     from transformers import AutoConfig
 
     from dpace.features import load_features
-    from dpace.targets import _resolve, load_tokenizer
+    from dpace.targets import load_tokenizer, model_location
 
     log = log or sys.stdout
     topology = plan_topology(gpus, int(settings["micro_batch_size"]), int(settings["grad_accumulation"]))
     out_dir, scratch_dir = Path(out_dir), Path(scratch_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)
-    target_path, trust = _resolve(target_json)
+    target_path, trust = model_location(target_json)
     if mask_token_id is None:
         tokenizer = load_tokenizer(target_json)
         mask_token_id = tokenizer.convert_tokens_to_ids(mask_token)

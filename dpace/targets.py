@@ -110,7 +110,9 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
     return out_dir / "target.json"
 
 
-def _resolve(target_json: str | Path) -> tuple[str, bool]:
+def model_location(target_json: str | Path) -> tuple[str, bool]:
+    """Where the target of ``target_json`` loads from (a hub id or a folder; the embedded and random
+    targets' folders are relative to ``target.json``) and whether it needs ``trust_remote_code``."""
     target_json = Path(target_json)
     record = json.loads(target_json.read_text())
     path = record["path"]
@@ -120,7 +122,7 @@ def _resolve(target_json: str | Path) -> tuple[str, bool]:
 
 
 def load_tokenizer(target_json: str | Path):
-    path, trust = _resolve(target_json)
+    path, trust = model_location(target_json)
     tokenizer = AutoTokenizer.from_pretrained(path, trust_remote_code=trust)
     if not getattr(tokenizer, "chat_template", None):
         raise ValueError(f"target at {path} has no chat template")
@@ -129,7 +131,7 @@ def load_tokenizer(target_json: str | Path):
 
 def load_target(target_json: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
     """The target model in eval mode with SDPA attention, and its tokenizer."""
-    path, trust = _resolve(target_json)
+    path, trust = model_location(target_json)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust
     )

@@ -71,7 +71,7 @@ class TrainConfig:
     drafter_init: str = "random"
 
 
-def _batches(features: FeatureSet, order: list[int], micro_batch_size: int):
+def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
     """Right-padded micro-batches; padding has loss mask 0, so no anchor ever lands on it."""
     for start in range(0, len(order), micro_batch_size):
         items = [features.sequence(i) for i in order[start : start + micro_batch_size]]
@@ -266,7 +266,7 @@ def train_drafter(
         while epoch < config.epochs:
             # The data order depends only on (seed, epoch): a resumed run sees the same batches.
             order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed * 1000 + epoch))
-            micro_batches = list(_batches(features, order.tolist(), config.micro_batch_size))
+            micro_batches = list(padded_micro_batches(features, order.tolist(), config.micro_batch_size))
             while step_in_epoch < steps_per_epoch:
                 started = device_clock(device)
                 group = micro_batches[step_in_epoch * config.grad_accumulation : (step_in_epoch + 1) * config.grad_accumulation]

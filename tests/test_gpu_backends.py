@@ -431,9 +431,9 @@ def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix"
         write_draft_config,
         write_prompts,
     )
-    from dpace.targets import _resolve
+    from dpace.targets import model_location
 
-    path, _ = _resolve(tiny_target_json)
+    path, _ = model_location(tiny_target_json)
     spec = ObjectiveSpec(objective, hparams or {}, None).resolved(4)
     draft = write_draft_config(tmp_path / "draft.json", AutoConfig.from_pretrained(path), depth=2, block_size=4,
                                layer_ids=load_features(features_dir).layer_ids, mask_token_id=0, spec=spec)
