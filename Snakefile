@@ -16,7 +16,7 @@ configfile: os.path.join(workflow.basedir, "config.yaml")
 include: "workflow/rules/common.smk"
 include: "workflow/rules/data.smk"
 include: "workflow/rules/target.smk"
-include: "workflow/rules/generate.smk"
+include: "workflow/rules/responses.smk"
 include: "workflow/rules/features.smk"
 include: "workflow/rules/train.smk"
 include: "workflow/rules/evaluate.smk"

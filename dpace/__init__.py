@@ -6,12 +6,14 @@ One module per concern; none of them knows about Snakemake:
 - ``drafter``      SpecForge DFlash draft models and the objective-aware training wrapper
 - ``data``         benchmark prompts and ShareGPT training prompts (hub or local mirror)
 - ``targets``      loading target LLMs (embedded SmolLM2, tiny random smoke target, hub ids)
-- ``generation``   target-response generation (transformers on CPU, SGLang on GPU)
+- ``generation``   stage 3, responses: the target answers the training prompts (transformers on CPU,
+                   SGLang on GPU)
 - ``features``     cached target hidden states for drafter training
-- ``training``     the drafter training loop
+- ``training``     the drafter training loop (``training_records``: its steps.jsonl and summary.json)
 - ``decoding``     speculative and autoregressive decoding with per-block records
 - ``evaluation``   tau / speedup on the six benchmarks
 - ``tables``, ``figures``  rendering the paper's tables and figures from a tidy metrics CSV
+                   (``metrics_frame``: the row selection they share)
 """
 
 __version__ = "0.1.0"

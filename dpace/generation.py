@@ -1,4 +1,5 @@
-"""Target-response generation: the target answers every training prompt itself.
+"""Stage 3, responses (config section ``responses``): the target answers every training prompt
+itself (``dpace.conversations`` imports released answers instead).
 
 The output is SpecForge-style conversations jsonl, ``{"id", "conversations": [user, assistant]}``.
 Backends share one interface, ``generate_responses(...)``:

@@ -40,7 +40,7 @@ BAD = [
     ("data.benchmarks", ["gsm9k"], r"data\.benchmarks\.0: 'gsm9k' is not one of \['gsm8k'"),
     ("train.depth", 0, r"train\.depth: 0 is less than the minimum of 1"),
     ("experiments.main.depths", [0], r"experiments\.main\.depths\.0: 0 is less than the minimum of 1"),
-    ("generate.backend", "vllm", r"generate\.backend: 'vllm' is not one of \['transformers', 'sglang'\]"),
+    ("responses.backend", "vllm", r"responses\.backend: 'vllm' is not one of \['transformers', 'sglang'\]"),
     ("features.mode", "lazy", r"features\.mode: 'lazy' is not one of \['cached', 'online'\]"),
     ("eval.verification", "typical", r"eval\.verification: 'typical' is not one of \['hard-match', 'rejection'\]"),
     ("main_target", "nonexistent", r"main_target: 'nonexistent' is not one of targets \['tiny'\]"),
@@ -174,10 +174,10 @@ def test_schema_defaults_are_filled_in_once_and_rules_carry_none():
     config = copy.deepcopy(SMOKE)
     for key in ("weight_decay", "save_every_steps", "precision", "attention_backend", "objective_chunk_blocks"):
         config["train"].pop(key, None)
-    config["generate"].pop("dtype", None)
+    config["responses"].pop("dtype", None)
     validate_config(config)
     assert (config["train"]["weight_decay"], config["train"]["save_every_steps"], config["train"]["precision"],
-            config["train"]["attention_backend"], config["generate"]["dtype"]) == (0.0, 50, "fp32", "sdpa", "float32")
+            config["train"]["attention_backend"], config["responses"]["dtype"]) == (0.0, 50, "fp32", "sdpa", "float32")
     for smk in (REPO / "workflow" / "rules").glob("*.smk"):
         import re
 

@@ -620,7 +620,7 @@ def test_gpu_check_config_is_valid_and_trains_like_the_paper_on_a_gpu(tmp_path, 
     gpu_check = _gpu_check_module()
     monkeypatch.setattr(importlib.util, "find_spec", lambda name, *a: None)  # no SGLang, no Mooncake
     backends, notes = gpu_check.plan_backends(gpus=0 if cpu else 2, want_specforge=True, cpu=cpu)
-    assert backends == {"generate": "transformers", "train": "local", "eval": "local"}
+    assert backends == {"responses": "transformers", "train": "local", "eval": "local"}
     assert any("SpecForge training skipped" in note for note in notes)
     config = yaml.safe_load(gpu_check.write_config(tmp_path, tmp_path / "mirror", backends, cpu=cpu).read_text())
     validate_config(config)  # the smoke config plus the check's overrides still passes the schema
@@ -634,7 +634,7 @@ def test_gpu_check_quick_cut_takes_a_tokenizer_folder_and_plans_few_jobs(tmp_pat
     from dpace.config import validate_config
 
     gpu_check = _gpu_check_module()
-    backends = {"generate": "transformers", "train": "local", "eval": "local"}
+    backends = {"responses": "transformers", "train": "local", "eval": "local"}
     path = gpu_check.write_config(tmp_path, MIRROR, backends, tokenizer=tmp_path / "tok")
     config = yaml.safe_load(path.read_text())
     validate_config(config)

@@ -55,9 +55,9 @@ def plan_backends(*, gpus: int, want_specforge: bool, cpu: bool, sglang_eval: bo
     """Config overrides for the installed GPU backends, and notes on what was left out and why."""
     notes = []
     sglang = importlib.util.find_spec("sglang") is not None
-    backends = {"generate": "transformers", "train": "local", "eval": "local"}
+    backends = {"responses": "transformers", "train": "local", "eval": "local"}
     if sglang and not cpu:
-        backends["generate"] = "sglang"
+        backends["responses"] = "sglang"
         if sglang_eval:  # serving speed, not the paper's protocol
             backends["eval"] = "sglang"
     else:

@@ -1,5 +1,6 @@
-# Stage 3: the target answers every training prompt itself (the paper's target-regenerated data),
-# or, for a target with targets.<t>.responses, its answers are imported (Qwen3-4B: the DFlash
+# Stage 3, responses (config section `responses`): the target answers every training prompt itself
+# (rule generate_responses: the paper's target-regenerated data), or, for a target with
+# targets.<t>.responses, its answers are imported (rule import_responses; Qwen3-4B: the DFlash
 # authors' z-lab/qwen3-4b-instruct-100k).
 
 
@@ -16,18 +17,18 @@ rule generate_responses:
     benchmark:
         f"{RESULTS}/benchmarks/responses/{{target}}/{{dataset}}.tsv"
     params:
-        backend=config["generate"]["backend"],
-        max_new_tokens=config["generate"]["max_new_tokens"],
-        max_prompt_tokens=config["generate"]["max_prompt_tokens"],
-        temperature=config["generate"]["temperature"],
-        batch_size=config["generate"]["batch_size"],
-        dtype=config["generate"]["dtype"],
+        backend=config["responses"]["backend"],
+        max_new_tokens=config["responses"]["max_new_tokens"],
+        max_prompt_tokens=config["responses"]["max_prompt_tokens"],
+        temperature=config["responses"]["temperature"],
+        batch_size=config["responses"]["batch_size"],
+        dtype=config["responses"]["dtype"],
         seed=config["seed"],
         scratch=f"{SCRATCH}/responses/{{target}}/{{dataset}}.partial.jsonl",
         code=script_fingerprint("generate_responses.py"),
     threads: JOB_THREADS
     resources:
-        gpu=1 if config["generate"]["backend"] == "sglang" else 0,
+        gpu=1 if config["responses"]["backend"] == "sglang" else 0,
     script:
         "../scripts/generate_responses.py"
 
