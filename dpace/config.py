@@ -2,7 +2,7 @@
 a JSON schema cannot express (gamma defaults per block size, layer ranges, objective names).
 
 A variant's id is derived from what it trains (objective, hyperparameters, depth, block size,
-normalisation, epochs), never from which experiment asked for it, so two experiments that need
+normalization, epochs), never from which experiment asked for it, so two experiments that need
 the same drafter share one training job and one evaluation.
 """
 
@@ -28,7 +28,7 @@ class Variant:
     depth: int
     block_size: int
     hparams: tuple  # sorted (name, value) pairs after defaults are filled in
-    normalize: str | None
+    normalization: str | None
     epochs: int
 
     @property
@@ -36,8 +36,8 @@ class Variant:
         parts = [self.objective]
         parts += [f"{name}{value:g}" if isinstance(value, float) else f"{name}{value}" for name, value in self.hparams]
         parts += [f"d{self.depth}", f"b{self.block_size}"]
-        if self.normalize:
-            parts.append(f"n{self.normalize}")
+        if self.normalization:
+            parts.append(f"n{self.normalization}")
         parts.append(f"e{self.epochs}")
         return "-".join(parts)
 
@@ -45,7 +45,7 @@ class Variant:
         return {
             "objective": self.objective,
             "objective_hparams": dict(self.hparams),
-            "normalize": self.normalize,
+            "normalization": self.normalization,
             "depth": self.depth,
             "block_size": self.block_size,
             "epochs": self.epochs,
@@ -63,7 +63,7 @@ class Experiment:
 
 
 def _variant(config: dict, target: str, objective: str, *, depth=None, block_size=None, epochs=None,
-             normalize=None, hparams=None, where: str) -> Variant:
+             normalization=None, hparams=None, where: str) -> Variant:
     train = config["train"]
     block_size = block_size or train["block_size"]
     try:
@@ -72,8 +72,8 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
         given.update(hparams or {})
         resolved = resolve_hparams(objective, block_size, **given)
         # The released code's own reduction is the default: naming it explicitly is the same drafter.
-        if normalize is not None and resolve_normalization(objective, normalize) == resolve_normalization(objective, None):
-            normalize = None
+        if normalization is not None and resolve_normalization(objective, normalization) == resolve_normalization(objective, None):
+            normalization = None
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
     return Variant(
@@ -82,7 +82,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
         depth=int(depth or train["depth"]),
         block_size=int(block_size),
         hparams=tuple(sorted(resolved.items())),
-        normalize=normalize,
+        normalization=normalization,
         epochs=int(epochs or train["epochs"]),
     )
 
@@ -162,7 +162,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
         e = spec["normalization"]
         out["normalization"] = Experiment("normalization", [
             _variant(config, main_target, "dflash", where="experiments.normalization"),  # the reference row
-            *(_variant(config, main_target, "dpace", normalize=mode, where="experiments.normalization.modes")
+            *(_variant(config, main_target, "dpace", normalization=mode, where="experiments.normalization.modes")
               for mode in e.get("modes", ["batch", "anchor", "weight", "token"])),
         ])
     return out

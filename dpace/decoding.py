@@ -27,7 +27,7 @@ Verification rules (both lossless; identical at T = 0, where every choice is an 
 ``rejection``
     draft tokens are sampled from ``softmax(draft_logits / T)``; token ``x`` is accepted with
     probability ``min(1, p(x) / q(x))``; on rejection the bonus is sampled from ``max(p - q, 0)``
-    renormalised; after a fully accepted block it is sampled from the target's last position.
+    renormalized; after a fully accepted block it is sampled from the target's last position.
 
 The recorded ``q_i`` is the draft's confidence in the sense of the paper: the probability under the
 draft's plain softmax (temperature 1, what D-PACE trains) of the token chosen by the target's

@@ -234,7 +234,7 @@ def _weight_columns(df: pd.DataFrame) -> list[str]:
     return [c for c in cols if int(_WEIGHT_COL.match(c).group(1)) > 0 and df[c].notna().any()]
 
 
-def _normalised_weights(df: pd.DataFrame) -> pd.DataFrame:
+def _normalized_weights(df: pd.DataFrame) -> pd.DataFrame:
     """Per-step weights of positions 1..B-1 divided by their sum, indexed by step."""
     cols = _weight_columns(df)
     w = df.set_index("step")[cols].astype(float)
@@ -274,7 +274,7 @@ def weight_profiles(
     fractions: Sequence[float] = (0.1, 0.5, 0.9),
     window: int = 100,
 ) -> pd.DataFrame:
-    """Mean per-step-normalised weight per position (rows) for D-PACE at ``fractions`` of its first
+    """Mean per-step-normalized weight per position (rows) for D-PACE at ``fractions`` of its first
     epoch and over its last ``window`` steps, plus DFlash's fixed decay (column ``"DFlash"``,
     mean over all its steps; omitted when no DFlash run is present)."""
     metrics_frame.require_columns(train_steps, ("variant", "objective", "epoch", "step", "epoch_progress"),
@@ -285,11 +285,11 @@ def weight_profiles(
     cols: dict[str, pd.Series] = {}
     for f in fractions:
         rows = _near(first, f, window)
-        cols[f"D-PACE, {100 * f:.0f}% of epoch 1"] = _normalised_weights(rows).mean()
-    cols["D-PACE, end of training"] = _normalised_weights(run.tail(window)).mean()
+        cols[f"D-PACE, {100 * f:.0f}% of epoch 1"] = _normalized_weights(rows).mean()
+    cols["D-PACE, end of training"] = _normalized_weights(run.tail(window)).mean()
     fv = _pick_variant(train_steps, "dflash", dflash_variant, required=False)
     if fv is not None:
-        cols["DFlash"] = _normalised_weights(train_steps[train_steps["variant"] == fv]).mean()
+        cols["DFlash"] = _normalized_weights(train_steps[train_steps["variant"] == fv]).mean()
     out = pd.DataFrame(cols)
     out.index.name = "position"
     return out
@@ -298,14 +298,14 @@ def weight_profiles(
 def per_step_weights(
     train_steps: pd.DataFrame, *, dpace_variant: str | None = None, fraction: float = 0.5, n_steps: int = 10
 ) -> pd.DataFrame:
-    """Normalised weights (rows: step, columns: position) of ``n_steps`` consecutive D-PACE steps
+    """Normalized weights (rows: step, columns: position) of ``n_steps`` consecutive D-PACE steps
     starting at the step closest to ``fraction`` of its first epoch."""
     dv = _pick_variant(train_steps, "dpace", dpace_variant, required=True)
     run = train_steps[train_steps["variant"] == dv].sort_values("step")
     first = run[run["epoch"] == run["epoch"].min()]
     start = _near(first, fraction, 1)["step"].iloc[0]
     rows = run[run["step"] >= start].head(n_steps)
-    return _normalised_weights(rows)
+    return _normalized_weights(rows)
 
 
 def weight_dynamics_figure(
@@ -321,7 +321,7 @@ def weight_dynamics_figure(
     prof = weight_profiles(train_steps, dpace_variant=dpace_variant, dflash_variant=dflash_variant,
                            fractions=fractions, window=window)
     steps = per_step_weights(train_steps, dpace_variant=dpace_variant, fraction=0.5, n_steps=n_steps)
-    ylabel = "Weight (normalised to sum 1 per step)"
+    ylabel = "Weight (normalized to sum 1 per step)"
     dpace_cols = [c for c in prof.columns if c != "DFlash"]
     blues = colormaps["Blues"](np.linspace(0.4, 0.95, len(dpace_cols)))
     with rc_context(STYLE):

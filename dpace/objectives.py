@@ -17,7 +17,7 @@ positions of a block, then apply the paper's formula" (only ``dflash`` keeps abs
 positions, like the released code).
 
 ``objective_terms`` returns additive sums over the blocks it is given, so a caller can
-process blocks in chunks (SpecForge's ``checkpointed_chunk_reduce``) and normalise once at
+process blocks in chunks (SpecForge's ``checkpointed_chunk_reduce``) and normalize once at
 the end with ``normalize_terms``; ``block_loss`` is the two together.
 """
 
@@ -119,16 +119,16 @@ def resolve_hparams(objective: str, block_size: int, **hparams) -> dict:
     return resolved
 
 
-def resolve_normalization(objective: str, normalize: str | None) -> str:
-    """The denominator mode actually used: ``normalize`` or the released code's default."""
+def resolve_normalization(objective: str, normalization: str | None) -> str:
+    """The denominator mode actually used: ``normalization`` or the released code's default."""
     objective = canonical_objective(objective)
-    if normalize is None:
+    if normalization is None:
         return REGISTRY[objective].normalization
-    if normalize not in NORMALIZATIONS:
+    if normalization not in NORMALIZATIONS:
         raise ValueError(
-            f"unknown normalize={normalize!r}; valid: None (released code), {', '.join(NORMALIZATIONS)}"
+            f"unknown normalization={normalization!r}; valid: None (released code), {', '.join(NORMALIZATIONS)}"
         )
-    return normalize
+    return normalization
 
 
 def _check_inputs(objective, draft_logits, target_ids, valid, target_logits) -> None:
@@ -304,7 +304,7 @@ class Objective:
     name: str
     label: str  # table label; ``{k}``-style fields are filled from the hyper-parameters
     hparams: dict  # hyper-parameter defaults; None = derived (dflash's gamma from the block size)
-    normalization: str  # the released code's denominator (normalize=None), one of NORMALIZATIONS
+    normalization: str  # the released code's denominator (normalization=None), one of NORMALIZATIONS
     weights: Callable[..., Tensor]  # detached per-position weights w_j (see the functions above)
     needs_target_logits: bool = False  # the target's logits at the drafted positions
     aliases: tuple[str, ...] = ()  # other spellings (SpecForge 0.2.0's loss_type values)
@@ -434,15 +434,15 @@ def _ratio(numerator: Tensor, denominator: Tensor) -> Tensor:
 
 
 def normalize_terms(
-    terms: ObjectiveTerms, objective: str, normalize: str | None = None, *, batch_size: int
+    terms: ObjectiveTerms, objective: str, normalization: str | None = None, *, batch_size: int
 ) -> tuple[Tensor, dict]:
     """Scalar loss and detached diagnostics from (possibly chunk-summed) terms.
 
-    normalize: None = released code (see DEFAULT_NORMALIZATION); "batch" = batch size,
+    normalization: None = released code (see DEFAULT_NORMALIZATION); "batch" = batch size,
     "anchor" = number of valid blocks, "weight" = sum of weights, "token" = valid positions.
     A denominator of 0 (nothing valid) gives a loss of 0, not NaN.
     """
-    mode = resolve_normalization(objective, normalize)
+    mode = resolve_normalization(objective, normalization)
     if batch_size < 1:
         raise ValueError(f"batch_size must be >= 1, got {batch_size}")
     terms = ObjectiveTerms(*terms)
@@ -475,7 +475,7 @@ def block_loss(
     target_ids: Tensor,
     valid: Tensor,
     target_logits: Tensor | None = None,
-    normalize: str | None = None,
+    normalization: str | None = None,
     **hparams,
 ) -> tuple[Tensor, dict]:
     """Scalar loss of ``objective`` over [batch, blocks, B] positions and detached diagnostics.
@@ -486,7 +486,7 @@ def block_loss(
     (dflash), alpha (D-PACE family, dpakl), k (topk-prefix); see ``resolve_hparams``.
     """
     objective = canonical_objective(objective)
-    resolve_normalization(objective, normalize)  # fail before any compute
+    resolve_normalization(objective, normalization)  # fail before any compute
     terms = objective_terms(
         objective,
         draft_logits=draft_logits,
@@ -495,7 +495,7 @@ def block_loss(
         target_logits=target_logits,
         **hparams,
     )
-    return normalize_terms(terms, objective, normalize, batch_size=draft_logits.shape[0])
+    return normalize_terms(terms, objective, normalization, batch_size=draft_logits.shape[0])
 
 
 __all__ = [

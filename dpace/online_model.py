@@ -47,13 +47,13 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         attention_backend: str = "sdpa",
         num_anchors: int = 512,
         objective: str = "dflash",
-        normalize: str | None = None,
+        normalization: str | None = None,
         objective_chunk_blocks: int = 128,
         **objective_hparams,
     ):
         objective = canonical_objective(objective)
         hparams = resolve_hparams(objective, block_size, **objective_hparams)
-        resolve_normalization(objective, normalize)
+        resolve_normalization(objective, normalization)
         # The parent's loss_type selects its own objective, which this class never calls;
         # "dflash" only satisfies its constructor's validation.
         super().__init__(
@@ -70,7 +70,7 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         self.loss_type = objective  # what actually trains, for logs that read loss_type
         self.objective = objective
         self.objective_hparams = hparams
-        self.normalize = normalize
+        self.normalization = normalization
 
     @property
     def needs_target_logits(self) -> bool:
@@ -173,7 +173,7 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
             dim=1,
         )
         terms = ObjectiveTerms(*totals)
-        loss, diagnostics = normalize_terms(terms, self.objective, self.normalize, batch_size=batch_size)
+        loss, diagnostics = normalize_terms(terms, self.objective, self.normalization, batch_size=batch_size)
 
         detached = {name: value.detach() for name, value in terms._asdict().items()}
         metrics = {

@@ -14,7 +14,7 @@ from dpace.training_records import read_steps, read_summary
 
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "group", "objective", "depth", "block_size", "alpha", "k", "gamma",
-    "normalize", "epoch", "suite", "benchmark", "temperature", "verification", "tau", "speedup",
+    "normalization", "epoch", "suite", "benchmark", "temperature", "verification", "tau", "speedup",
     "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches", "greedy_ties", "greedy_failures",
 ]
 
@@ -48,7 +48,7 @@ def group_metrics(
             "alpha": hparams.get("alpha", math.nan),
             "k": hparams.get("k", math.nan),
             "gamma": hparams.get("gamma", math.nan),
-            "normalize": info.get("normalize", "default"),
+            "normalization": info.get("normalization", "default"),
             "epoch": epoch,
             "suite": suite,
         }

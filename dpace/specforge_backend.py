@@ -5,7 +5,7 @@ What this module adds to SpecForge, without copying any of it:
 * ``algorithm_registration``: our objectives as one more SpecForge *algorithm* (strategy
   ``dpace``), built from SpecForge's DFlash registration with the training model swapped for
   ``dpace.online_model.ObjectiveDFlashModel``. SpecForge's run schema is strict (no field for an
-  objective name, ``k`` or a normalisation), so the objective travels inside the registered
+  objective name, ``k`` or a normalization), so the objective travels inside the registered
   provider: ``ObjectiveSpec`` is stored as ``dpace_objective`` in the draft-config JSON that the
   run YAML names (``model.draft_model_config``), and every process rebuilds the same registration
   from it.
@@ -75,22 +75,22 @@ class ObjectiveSpec:
 
     objective: str = "dflash"
     hparams: dict = field(default_factory=dict)
-    normalize: str | None = None
+    normalization: str | None = None
 
     def resolved(self, block_size: int) -> ObjectiveSpec:
         from dpace.objectives import canonical_objective, resolve_hparams, resolve_normalization
 
         objective = canonical_objective(self.objective)
         hparams = resolve_hparams(objective, block_size, **self.hparams)
-        resolve_normalization(objective, self.normalize)
-        return ObjectiveSpec(objective, dict(hparams), self.normalize)
+        resolve_normalization(objective, self.normalization)
+        return ObjectiveSpec(objective, dict(hparams), self.normalization)
 
     def to_dict(self) -> dict:
         return asdict(self)
 
     @classmethod
     def from_dict(cls, data: dict) -> ObjectiveSpec:
-        return cls(data["objective"], dict(data.get("hparams") or {}), data.get("normalize"))
+        return cls(data["objective"], dict(data.get("hparams") or {}), data.get("normalization"))
 
     @property
     def needs_target_logits(self) -> bool:
@@ -121,7 +121,7 @@ def algorithm_registration(spec: ObjectiveSpec):
 
         def factory(common):
             common = {k: v for k, v in common.items() if k != "loss_decay_gamma"}  # gamma is in hparams
-            return ObjectiveDFlashModel(**common, objective=resolved.objective, normalize=resolved.normalize,
+            return ObjectiveDFlashModel(**common, objective=resolved.objective, normalization=resolved.normalization,
                                         **resolved.hparams)
 
         return _build_dflash_family_model(config, draft_model, tokenizer, factory)
@@ -142,7 +142,7 @@ def algorithm_registration(spec: ObjectiveSpec):
             "dpace_num_anchors": int(training_model.num_anchors),
             "dpace_objective": json.dumps(
                 {"objective": training_model.objective, "hparams": training_model.objective_hparams,
-                 "normalize": training_model.normalize}, sort_keys=True),
+                 "normalization": training_model.normalization}, sort_keys=True),
         }
 
     base_spec = dflash.algorithm_spec()
@@ -288,7 +288,7 @@ def run_config(
     ``model.draft_num_hidden_layers`` override would also reset ``target_layer_ids`` to one feature
     per draft layer, while the paper uses three target features at every depth.
 
-    ``settings`` holds the workflow's train settings: objective, objective_hparams, normalize,
+    ``settings`` holds the workflow's train settings: objective, objective_hparams, normalization,
     depth, block_size, epochs, num_anchors, learning_rate, warmup_ratio, max_grad_norm,
     objective_chunk_blocks, seed, weight_decay (SpecForge's AdamW has none: it must be 0).
     """
@@ -296,7 +296,7 @@ def run_config(
         raise ValueError("train.backend=specforge: SpecForge 0.2.0's optimizer has no weight decay; set "
                          "train.weight_decay: 0")
     spec = ObjectiveSpec(settings["objective"], settings.get("objective_hparams") or {},
-                         settings.get("normalize")).resolved(int(settings["block_size"]))
+                         settings.get("normalization")).resolved(int(settings["block_size"]))
     steps_per_epoch = num_prompts // topology.quantum
     if steps_per_epoch < 1:
         raise ValueError(f"{num_prompts} training sequences give no optimizer step per epoch at "
@@ -594,7 +594,7 @@ def train_with_specforge(
             raise ValueError(f"mask_token {mask_token!r} is not a token of the target's tokenizer; "
                              "give the target a mask_token_id")
     spec = ObjectiveSpec(settings["objective"], settings.get("objective_hparams") or {},
-                         settings.get("normalize")).resolved(int(settings["block_size"]))
+                         settings.get("normalization")).resolved(int(settings["block_size"]))
     features = load_features(features_dir)
     target_config = AutoConfig.from_pretrained(target_path, trust_remote_code=trust)
     draft_config = write_draft_config(scratch_dir / "draft_config.json", target_config,
@@ -656,7 +656,7 @@ def train_with_specforge(
         backend="specforge",
         objective=spec.objective,
         hparams=spec.hparams,
-        normalize=spec.normalize,
+        normalization=spec.normalization,
         epochs=epochs,
         steps=total,
         steps_per_epoch=per_epoch,

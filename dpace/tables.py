@@ -8,7 +8,7 @@ Input contract (see the project brief; only these columns are used):
 
 * ``metrics`` -- one row per (variant, epoch, benchmark, temperature) with ``target``,
   ``target_label``, ``variant``, ``group``, ``objective``, ``depth``, ``block_size``, ``alpha``,
-  ``epoch``, ``benchmark``, ``temperature``, ``tau``, ``speedup``; ``normalize`` for
+  ``epoch``, ``benchmark``, ``temperature``, ``tau``, ``speedup``; ``normalization`` for
   :func:`table_normalization`; an optional ``k`` names the top-k of ``topk-prefix`` runs.
 * ``train_runs`` -- per-run summary with ``variant``, ``objective``, ``block_size``, ``steps``,
   ``time_per_epoch_s``, ``time_per_step_s`` (``epochs`` unused).
@@ -72,7 +72,7 @@ BENCHMARK_CATEGORIES: dict[str, str] = {
 # Row order and labels come from the objective registry (dpace.objectives.REGISTRY).
 OBJECTIVE_ORDER: tuple[str, ...] = tuple(sorted(REGISTRY, key=lambda name: REGISTRY[name].table_rank))
 OBJECTIVE_LABELS: dict[str, str] = {name: record.display_label() for name, record in REGISTRY.items()}
-NORMALIZE_ORDER: tuple[str, ...] = ("batch", "anchor", "weight", "token", "default")
+NORMALIZATION_ORDER: tuple[str, ...] = ("batch", "anchor", "weight", "token", "default")
 BLOCK_COLUMNS: tuple[str, ...] = ("variant", "benchmark", "temperature", "tau_block", "sum_q", "surrogate")
 TRAIN_RUN_COLUMNS: tuple[str, ...] = (
     "variant",
@@ -616,7 +616,7 @@ def table_block_size(metrics: pd.DataFrame, *, epoch: int | None = None, tempera
 
 
 # --------------------------------------------------------------------------------------------
-# Tables 6, extras, normalisation: average SR / tau per method
+# Tables 6, extras, normalization: average SR / tau per method
 # --------------------------------------------------------------------------------------------
 
 
@@ -733,17 +733,17 @@ def table_objectives_extra(
     )
 
 
-def _normalize_rank(value: str) -> int:
-    return NORMALIZE_ORDER.index(value) if value in NORMALIZE_ORDER else len(NORMALIZE_ORDER)
+def _normalization_rank(value: str) -> int:
+    return NORMALIZATION_ORDER.index(value) if value in NORMALIZATION_ORDER else len(NORMALIZATION_ORDER)
 
 
 def table_normalization(
     metrics: pd.DataFrame, *, epoch: int | None = None, temperatures: Sequence[float] | None = None
 ) -> str:
     """Extension table (``tab:normalization``): average SR / tau per temperature of D-PACE under each
-    loss normalisation (group ``normalization``), with the main DFlash run as reference."""
-    df = prepared_metrics(metrics, extra=("normalize",))
-    rows = _complete(df, "normalization", borrow=("dflash",), key_cols=("objective", "normalize"))
+    loss normalization (group ``normalization``), with the main DFlash run as reference."""
+    df = prepared_metrics(metrics, extra=("normalization",))
+    rows = _complete(df, "normalization", borrow=("dflash",), key_cols=("objective", "normalization"))
     what = "group 'normalization'"
     rows = final_epoch_rows(rows, epoch, what)
     temps = _temperatures(rows, "normalization", temperatures)
@@ -755,15 +755,15 @@ def table_normalization(
         return f"{objective_label(obj)} ({tex_escape(norm)})"
 
     caption = (
-        r"\textbf{Loss normalisation.} Average SR and $\tau$ over the "
+        r"\textbf{Loss normalization.} Average SR and $\tau$ over the "
         f"{len(present_benchmarks(rows))} benchmarks at {_epoch_phrase(rows)} ($T{{=}}{', '.join(map(_temp_text, temps))}$) "
-        "for D-PACE normalised per batch, "
+        "for D-PACE normalized per batch, "
         "per anchor, by the weight sum or per token, with the DFlash baseline as reference."
     )
     return _avg_table(
         rows,
-        row_keys=("objective", "normalize"),
-        order=lambda k: (k[0] != "dflash", _objective_rank(k[0]), _normalize_rank(k[1]), k[1]),
+        row_keys=("objective", "normalization"),
+        order=lambda k: (k[0] != "dflash", _objective_rank(k[0]), _normalization_rank(k[1]), k[1]),
         label_of=label_of,
         temperatures=temps,
         caption=caption,

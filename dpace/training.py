@@ -43,7 +43,7 @@ from dpace.training_records import STEPS_FILE, run_summary, step_row, write_reco
 class TrainConfig:
     objective: str = "dflash"
     objective_hparams: dict = field(default_factory=dict)  # alpha / gamma / k, per objective
-    normalize: str | None = None  # None: as the released code (see dpace.objectives)
+    normalization: str | None = None  # None: as the released code (see dpace.objectives)
     depth: int = 1
     block_size: int = 16
     mask_token: str = "<empty_output>"  # an unused special token fills the block's masked slots
@@ -212,7 +212,7 @@ def train_drafter(
         attention_backend=config.attention_backend,
         num_anchors=config.num_anchors,
         objective=objective,
-        normalize=config.normalize,
+        normalization=config.normalization,
         objective_chunk_blocks=config.objective_chunk_blocks,
         **hparams,
     )
@@ -341,7 +341,7 @@ def train_drafter(
         rows,
         objective=objective,
         hparams=hparams,
-        normalize=config.normalize,
+        normalization=config.normalization,
         epochs=config.epochs,
         steps=total_steps,
         steps_per_epoch=steps_per_epoch,

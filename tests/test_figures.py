@@ -73,7 +73,7 @@ def test_fig_weight_dynamics(tmp_path, train_steps):
     assert np.allclose(lines["DFlash (fixed decay)"].get_ydata(), decay / decay.sum())
     # end of training weights the last position more than early training does
     assert lines["D-PACE, end of training"].get_ydata()[-1] > lines["D-PACE, 10% of epoch 1"].get_ydata()[-1]
-    assert "normalised" in ax_a.get_ylabel() and ax_a.get_xlabel()
+    assert "normalized" in ax_a.get_ylabel() and ax_a.get_xlabel()
     # (b) ten consecutive steps starting at 50% of epoch 1 (step 10), plus the DFlash reference
     step_labels = [ln.get_label() for ln in ax_b.get_lines()]
     assert step_labels == [f"step {s}" for s in range(10, 20)] + ["DFlash"]

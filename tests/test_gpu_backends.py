@@ -400,7 +400,7 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
         assert cfg.training.save_interval == 100_000 // 4 and cfg.data.max_length == 2048
         assert cfg.model.mask_token_id == {"qwen3-4b": 151669, "qwen3-8b": 151669, "llama3.1-8b": 128002}[target]
         registration = algorithm_registration(ObjectiveSpec(variant.objective, dict(variant.hparams),
-                                                            variant.normalize))
+                                                            variant.normalization))
         bind_run(cfg, registration)  # SpecForge's algorithm-aware validation of the same run
         streaming = registration.spec.feature_contracts[1]
         assert streaming.mode is FeatureMode.STREAMING
@@ -439,7 +439,7 @@ def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix"
                                layer_ids=load_features(features_dir).layer_ids, mask_token_id=0, spec=spec)
     written = write_prompts(features_dir, tmp_path / "prompts.jsonl")
     num = accepted_prompts(tmp_path / "prompts.jsonl", 256)
-    settings = {"objective": objective, "objective_hparams": hparams or {}, "normalize": None, "depth": 2,
+    settings = {"objective": objective, "objective_hparams": hparams or {}, "normalization": None, "depth": 2,
                 "block_size": 4, "epochs": 2, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04,
                 "max_grad_norm": 1.0, "objective_chunk_blocks": 0, "seed": 0}
     run = run_config(run_id="v", target_path=path, draft_config_path=str(draft), prompts_path=str(tmp_path / "prompts.jsonl"),
@@ -555,7 +555,7 @@ def test_train_with_specforge_launches_exports_and_summarises(tmp_path, tiny_tar
     record = tmp_path / "argv.jsonl"
     monkeypatch.setenv("DPACE_SPECFORGE_CLI", str(script))
     monkeypatch.setenv("FAKE_SPECFORGE_RECORD", str(record))
-    settings = {"objective": "dpace", "objective_hparams": {"alpha": 0.3}, "normalize": None, "depth": 2,
+    settings = {"objective": "dpace", "objective_hparams": {"alpha": 0.3}, "normalization": None, "depth": 2,
                 "block_size": 4, "epochs": 2, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04,
                 "max_grad_norm": 1.0, "micro_batch_size": 2, "grad_accumulation": 2, "objective_chunk_blocks": 0,
                 "weight_decay": 0.0, "seed": 0}
@@ -573,7 +573,7 @@ def test_train_with_specforge_launches_exports_and_summarises(tmp_path, tiny_tar
     assert managed["capture_servers"][0]["cuda_visible_devices"] == ["4"]
     assert managed["trainer_cuda_visible_devices"] == ["6"]  # the job's physical GPUs
     draft = json.loads(Path(run["model"]["draft_model_config"]).read_text())
-    assert draft[OBJECTIVE_KEY] == {"objective": "dpace", "hparams": {"alpha": 0.3}, "normalize": None}
+    assert draft[OBJECTIVE_KEY] == {"objective": "dpace", "hparams": {"alpha": 0.3}, "normalization": None}
     prompts = list(read_jsonl(run["data"]["prompts_path"]))
     features = load_features(features_dir)
     assert len(prompts) == len(features) == 10
@@ -597,7 +597,7 @@ def test_train_with_specforge_launches_exports_and_summarises(tmp_path, tiny_tar
 def test_specforge_backend_refuses_one_gpu(tmp_path, tiny_target_json, features_dir):
     from dpace.specforge_backend import train_with_specforge
 
-    settings = {"objective": "dpace", "objective_hparams": {}, "normalize": None, "depth": 1, "block_size": 4,
+    settings = {"objective": "dpace", "objective_hparams": {}, "normalization": None, "depth": 1, "block_size": 4,
                 "epochs": 1, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
                 "micro_batch_size": 2, "grad_accumulation": 2, "objective_chunk_blocks": 0, "seed": 0}
     with pytest.raises(ValueError, match="train.backend=local"):

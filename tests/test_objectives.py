@@ -121,8 +121,8 @@ def naive_block(objective, logits, ids, valid, target_logits, alpha=0.5, gamma=3
     return numerator, dict(zip(positions, weights, strict=True)), dict(zip(positions, q, strict=True))
 
 
-def naive_loss(objective, draft_logits, target_ids, valid, target_logits, normalize=None, **hparams):
-    """Naive loss and diagnostics over a batch, normalised as the released code does."""
+def naive_loss(objective, draft_logits, target_ids, valid, target_logits, normalization=None, **hparams):
+    """Naive loss and diagnostics over a batch, normalized as the released code does."""
     batch, blocks, block_size, _ = draft_logits.shape
     numerator, weight_total, token_total, block_total = 0.0, 0.0, 0, 0
     weight_pos, q_pos, count_pos = [0.0] * block_size, [0.0] * block_size, [0] * block_size
@@ -150,7 +150,7 @@ def naive_loss(objective, draft_logits, target_ids, valid, target_logits, normal
             while leading < len(hits) and hits[leading]:
                 leading += 1
             emitted += 1 + leading
-    mode = normalize or DEFAULT_NORMALIZATION[objective]
+    mode = normalization or DEFAULT_NORMALIZATION[objective]
     denominator = {"batch": batch, "weight": weight_total, "token": token_total, "anchor": block_total}[mode]
     diagnostics = {
         "weight_per_position": [w / c if c else 0.0 for w, c in zip(weight_pos, count_pos, strict=True)],
@@ -354,9 +354,9 @@ def test_alpha_one_gives_count_of_remaining_valid_positions():
     close(position_weights("dpace-cumulative", alpha=1.0, **kwargs), valid.to(DTYPE), tol=1e-12)
 
 
-@pytest.mark.parametrize("normalize", [None, "batch", "anchor", "weight", "token"])
+@pytest.mark.parametrize("normalization", [None, "batch", "anchor", "weight", "token"])
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_empty_block_contributes_nothing(objective, normalize):
+def test_empty_block_contributes_nothing(objective, normalization):
     draft_logits, target_ids, valid, target_logits = make_inputs(8, seed=7, empty_block=False)
     valid[1, 2] = False  # block (1, 2) has nothing valid; give it a q of exactly 0 and -inf logits
     with torch.no_grad():
@@ -370,7 +370,7 @@ def test_empty_block_contributes_nothing(objective, normalize):
         target_ids=target_ids,
         valid=valid,
         target_logits=target_logits,
-        normalize=normalize,
+        normalization=normalization,
         **hparams,
     )
     (grad,) = torch.autograd.grad(loss, draft_logits)
@@ -386,15 +386,15 @@ def test_empty_block_contributes_nothing(objective, normalize):
         target_ids=target_ids,
         valid=valid,
         target_logits=target_logits,
-        normalize=normalize,
+        normalization=normalization,
         **hparams,
     )
     close(loss, other, tol=1e-12)
 
 
-@pytest.mark.parametrize("normalize", [None, "batch", "anchor", "weight", "token"])
+@pytest.mark.parametrize("normalization", [None, "batch", "anchor", "weight", "token"])
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_nothing_valid_gives_zero_not_nan(objective, normalize):
+def test_nothing_valid_gives_zero_not_nan(objective, normalization):
     draft_logits, target_ids, _, target_logits = make_inputs(4)
     valid = torch.zeros(target_ids.shape, dtype=torch.bool)
     loss, diagnostics = block_loss(
@@ -403,7 +403,7 @@ def test_nothing_valid_gives_zero_not_nan(objective, normalize):
         target_ids=target_ids,
         valid=valid,
         target_logits=target_logits,
-        normalize=normalize,
+        normalization=normalization,
         **hparams_for(objective),
     )
     (grad,) = torch.autograd.grad(loss, draft_logits)
@@ -477,11 +477,11 @@ def test_continuation_value_survives_exact_zero_confidence():
     close(weights[0, 0], [0.0, 1.0, 1.875, 1.75, 1.5, 1.0], tol=1e-12)
 
 
-# --------------------------------------------------------------------------- normalisation
+# --------------------------------------------------------------------------- normalization
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
-def test_normalisation_denominators(objective):
+def test_normalization_denominators(objective):
     draft_logits, target_ids, valid, target_logits = make_inputs(8, seed=9)
     kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid, target_logits=target_logits)
     hparams = hparams_for(objective)
@@ -495,7 +495,7 @@ def test_normalisation_denominators(objective):
     }
     assert expected["anchor"] < valid.shape[0] * valid.shape[1]  # the empty block is not counted
     for mode, denominator in expected.items():
-        loss, diagnostics = block_loss(objective, normalize=mode, **kwargs, **hparams)
+        loss, diagnostics = block_loss(objective, normalization=mode, **kwargs, **hparams)
         close(loss, terms.loss_sum / denominator, tol=1e-12)
         close(diagnostics["loss_denominator"], denominator, tol=1e-12)
     default, diagnostics = block_loss(objective, **kwargs, **hparams)
@@ -552,8 +552,8 @@ def test_bad_inputs_raise_clear_errors():
     short = make_inputs(5)
     with pytest.raises(ValueError, match=r"no default gamma for block size B=5.*pass gamma explicitly"):
         block_loss("dflash", draft_logits=short[0], target_ids=short[1], valid=short[2])
-    with pytest.raises(ValueError, match=r"unknown normalize='mean'"):
-        block_loss("dpace", normalize="mean", **kwargs)
+    with pytest.raises(ValueError, match=r"unknown normalization='mean'"):
+        block_loss("dpace", normalization="mean", **kwargs)
     with pytest.raises(ValueError, match=r"objective 'dflash' takes \['gamma'\]; got unexpected \['alpha'\]"):
         block_loss("dflash", alpha=0.5, gamma=2.0, **kwargs)
 

@@ -188,8 +188,8 @@ def test_bad_configuration_raises():
         ObjectiveDFlashModel(*args, objective="dpace", alpha=2.0)
     with pytest.raises(ValueError, match=r"no default gamma for block size B=4"):
         ObjectiveDFlashModel(*args, objective="dflash")
-    with pytest.raises(ValueError, match=r"unknown normalize='sum'"):
-        ObjectiveDFlashModel(*args, objective="dpace", normalize="sum")
+    with pytest.raises(ValueError, match=r"unknown normalization='sum'"):
+        ObjectiveDFlashModel(*args, objective="dpace", normalization="sum")
     model = ObjectiveDFlashModel(*args, objective="pard2-cat")
     with pytest.raises(ValueError, match=r"objective 'pard2-cat' needs target_last_hidden_states"):
         model(*batch())

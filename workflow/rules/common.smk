@@ -129,7 +129,7 @@ def group_metadata(group):
             "depth": v.depth,
             "block_size": v.block_size,
             "hparams": dict(v.hparams),
-            "normalize": v.normalize or "default",
+            "normalization": v.normalization or "default",
             "epochs": v.epochs,
         })
     return rows
