@@ -54,12 +54,12 @@ class Variant:
 
 @dataclass
 class Experiment:
-    """One group's variants, and which of their epochs are evaluated on which suite."""
+    """One experiment's variants, and which of their epochs are evaluated on which suite."""
 
-    group: str
+    name: str
     variants: list[Variant] = field(default_factory=list)
     every_epoch: bool = False  # the ablation trajectory evaluates every epoch on MATH-500
-    eval_epoch: int | None = None  # the checkpoint the group's tables read; None: each variant's last
+    eval_epoch: int | None = None  # the checkpoint the experiment's tables read; None: each variant's last
 
 
 def _variant(config: dict, target: str, objective: str, *, depth=None, block_size=None, epochs=None,
@@ -88,7 +88,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
 
 
 def experiments(config: dict) -> dict[str, Experiment]:
-    """Expand ``config["experiments"]`` into the variants of every group that is configured."""
+    """Expand ``config["experiments"]`` into the variants of every experiment that is configured."""
     main_target = config["main_target"]
     spec = config.get("experiments", {})
     out: dict[str, Experiment] = {}
@@ -169,7 +169,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
 
 
 def all_variants(config: dict) -> dict[tuple[str, str], Variant]:
-    """Every distinct (target, variant id) across groups."""
+    """Every distinct (target, variant id) across experiments."""
     found = {}
     for experiment in experiments(config).values():
         for variant in experiment.variants:

@@ -9,7 +9,7 @@ Columns used (see :mod:`dpace.tables` for the metrics contract):
 
 * ``blocks``: ``variant``, ``benchmark``, ``temperature``, ``tau_block``, ``surrogate`` (``sum_q`` and
   ``prompt_index`` are not drawn);
-* ``metrics``: ``target``, ``target_label``, ``variant``, ``group``, ``objective``, ``depth``,
+* ``metrics``: ``target``, ``target_label``, ``variant``, ``experiment``, ``objective``, ``depth``,
   ``block_size``, ``alpha``, ``epoch``, ``benchmark``, ``temperature``, ``tau``, ``speedup``;
 * ``train_steps``: ``variant``, ``objective``, ``epoch``, ``step``, ``epoch_progress`` and the
   per-position weights ``w_0 ... w_{B-1}`` (``w_0`` is the anchor and is not drawn).
@@ -108,34 +108,34 @@ def surrogate_bins(blocks: pd.DataFrame, n_bins: int = 12) -> pd.DataFrame:
 def tau_gain_bars(
     metrics: pd.DataFrame,
     *,
-    groups: Sequence[str] = ("main", "cross_model"),
+    experiments: Sequence[str] = ("main", "cross_model"),
     temperature: float = 0.0,
     epoch: int | None = None,
 ) -> pd.DataFrame:
     """Average tau (over benchmarks) of DFlash and D-PACE per configuration (target, depth, B) of
-    ``groups`` (earlier groups win a configuration present in several), with the relative gain (%)."""
+    ``experiments`` (earlier experiments win a configuration present in several), with the relative gain (%)."""
     df = metrics_frame.prepared_metrics(metrics)
-    df = df[df["group"].isin(list(groups)) & df["objective"].isin(["dflash", "dpace"])]
+    df = df[df["experiment"].isin(list(experiments)) & df["objective"].isin(["dflash", "dpace"])]
     if df.empty:
-        raise ValueError(f"metrics has no DFlash / D-PACE rows for groups {list(groups)}")
-    what = f"groups {list(groups)}"
+        raise ValueError(f"metrics has no DFlash / D-PACE rows for experiments {list(experiments)}")
+    what = f"experiments {list(experiments)}"
     df = metrics_frame.rows_at_temperature(metrics_frame.final_epoch_rows(df, epoch, what), temperature, what)
     records = []
-    rank = {g: i for i, g in enumerate(groups)}
+    rank = {g: i for i, g in enumerate(experiments)}
 
-    def first_group(cfg: tuple) -> int:
+    def first_experiment(cfg: tuple) -> int:
         mask = metrics_frame.config_mask(df, cfg)
-        return min(rank[g] for g in df.loc[mask, "group"].unique())
+        return min(rank[g] for g in df.loc[mask, "experiment"].unique())
 
-    for cfg in sorted(metrics_frame.distinct_configs(df), key=first_group):  # stable: group order, then config
+    for cfg in sorted(metrics_frame.distinct_configs(df), key=first_experiment):  # stable: experiment order, then config
         sub = df[metrics_frame.config_mask(df, cfg)]
         rec = dict(zip(metrics_frame.CONFIG, cfg, strict=True))
         rec["target_label"] = metrics_frame.target_label_of(sub, cfg[0])
         benches = metrics_frame.present_benchmarks(sub)
         for obj in ("dflash", "dpace"):
             runs = sub[sub["objective"] == obj]
-            chosen = next((g for g in groups if (runs["group"] == g).any()), None)
-            runs = runs[runs["group"] == chosen] if chosen is not None else runs
+            chosen = next((g for g in experiments if (runs["experiment"] == g).any()), None)
+            runs = runs[runs["experiment"] == chosen] if chosen is not None else runs
             if runs["variant"].nunique() > 1:
                 raise ValueError(f"several {obj} runs for configuration {cfg}: {sorted(runs['variant'].unique())}")
             avg = metrics_frame.benchmark_averages(runs, ["objective"], benches) if len(runs) else None
@@ -144,7 +144,7 @@ def tau_gain_bars(
     out = pd.DataFrame.from_records(records)
     out = out.dropna(subset=["dflash", "dpace"]).reset_index(drop=True)
     if out.empty:
-        raise ValueError(f"no configuration of groups {list(groups)} has both DFlash and D-PACE at T={temperature:g}")
+        raise ValueError(f"no configuration of experiments {list(experiments)} has both DFlash and D-PACE at T={temperature:g}")
     out["gain_pct"] = 100.0 * (out["dpace"] / out["dflash"] - 1.0)
     out["label"] = [
         f"{r.target_label}\n{int(r.depth)}L, B={int(r.block_size)}" for r in out.itertuples(index=False)
@@ -160,7 +160,7 @@ def motivation_data(
     benchmark: str | None = "math500",
     temperature: float = 0.0,
     n_bins: int = 12,
-    groups: Sequence[str] = ("main", "cross_model"),
+    experiments: Sequence[str] = ("main", "cross_model"),
     epoch: int | None = None,
 ) -> dict[str, object]:
     """Everything Figure 1 draws: the selected blocks, their bins, Spearman rho and the bars
@@ -171,7 +171,7 @@ def motivation_data(
         "blocks": sel,
         "bins": surrogate_bins(sel, n_bins),
         "rho": rho,
-        "bars": tau_gain_bars(metrics, groups=groups, temperature=temperature, epoch=epoch),
+        "bars": tau_gain_bars(metrics, experiments=experiments, temperature=temperature, epoch=epoch),
     }
 
 

@@ -1,6 +1,6 @@
 """Paired bootstrap confidence intervals for the difference between two drafters.
 
-Every drafter of an experiment group is evaluated on the same prompts, so a comparison resamples
+Every drafter of an experiment is evaluated on the same prompts, so a comparison resamples
 prompts (within each benchmark, with replacement) and applies the same resample to both drafters:
 the prompt-to-prompt spread, which both share, cancels out of the difference. The statistic is the
 one the tables print: per benchmark, tau = mean over requests of the per-request mean emitted length
@@ -20,7 +20,7 @@ import pandas as pd
 
 METRICS = ("tau", "speedup")
 COMPARISON_COLUMNS = [
-    "target", "group", "epoch", "suite", "temperature", "depth", "block_size", "variant", "objective",
+    "target", "experiment", "epoch", "suite", "temperature", "depth", "block_size", "variant", "objective",
     "reference_variant", "metric", "benchmark", "value", "reference_value", "difference",
     "relative_difference", "ci_low", "ci_high", "significant", "num_prompts", "resamples",
 ]
@@ -113,16 +113,16 @@ def _row(benchmark, metric, value, reference, differences, tail, prompts, resamp
     }
 
 
-def group_comparisons(
+def experiment_comparisons(
     evaluations: pd.DataFrame, *, reference_objective: str = "dflash", resamples: int = 2000, seed: int = 0
 ) -> pd.DataFrame:
-    """Every drafter against the group's reference drafter of the same target, depth, block size, epoch,
+    """Every drafter against the experiment's reference drafter of the same target, depth, block size, epoch,
     suite and temperature (Table 1's DFlash row for each D-PACE row, and so on).
 
     ``evaluations`` has one row per (variant, epoch, suite, benchmark, temperature) with the metrics
     columns and ``requests`` (the per-request list of that evaluation's summary row).
     """
-    keys = ["target", "group", "epoch", "suite", "temperature", "depth", "block_size"]
+    keys = ["target", "experiment", "epoch", "suite", "temperature", "depth", "block_size"]
     rows = []
     for key, cell in evaluations.groupby(keys, sort=True, dropna=False):
         reference = cell[cell["objective"] == reference_objective]

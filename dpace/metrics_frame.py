@@ -17,7 +17,7 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "target",
     "target_label",
     "variant",
-    "group",
+    "experiment",
     "objective",
     "depth",
     "block_size",

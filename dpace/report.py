@@ -8,12 +8,12 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpace.intervals import group_comparisons
+from dpace.intervals import experiment_comparisons
 from dpace.io import atomic_write_text
 from dpace.training_records import read_steps, read_summary
 
 METRIC_COLUMNS = [
-    "target", "target_label", "variant", "group", "objective", "depth", "block_size", "alpha", "k", "gamma",
+    "target", "target_label", "variant", "experiment", "objective", "depth", "block_size", "alpha", "k", "gamma",
     "normalization", "epoch", "suite", "benchmark", "temperature", "verification", "tau", "speedup",
     "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches", "greedy_ties", "greedy_failures",
 ]
@@ -26,11 +26,11 @@ def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
     return target, variant, int(epoch_dir.removeprefix("epoch-")), suite
 
 
-def group_metrics(
+def experiment_metrics(
     variants: list[dict], summary_paths: list[str]
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """One row per (variant, epoch, suite, benchmark, temperature), every per-block record, and the
-    paired bootstrap comparison of every drafter with the group's DFlash drafter (``dpace.intervals``)."""
+    paired bootstrap comparison of every drafter with the experiment's DFlash drafter (``dpace.intervals``)."""
     meta = {(v["target"], v["variant"]): v for v in variants}
     rows, blocks, requests = [], [], []
     for path in summary_paths:
@@ -41,7 +41,7 @@ def group_metrics(
             "target": target,
             "target_label": info.get("target_label", target),
             "variant": variant_id,
-            "group": info["group"],
+            "experiment": info["experiment"],
             "objective": info["objective"],
             "depth": info["depth"],
             "block_size": info["block_size"],
@@ -70,12 +70,12 @@ def group_metrics(
     metrics = pd.DataFrame(rows, columns=METRIC_COLUMNS)
     block_frame = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
     with_requests = metrics.assign(requests=requests)
-    comparisons = group_comparisons(with_requests[with_requests["requests"].notna()])
+    comparisons = experiment_comparisons(with_requests[with_requests["requests"].notna()])
     return metrics, block_frame, comparisons
 
 
-def write_group_metrics(variants, summary_paths, *, metrics_csv, blocks_csv, comparisons_csv=None) -> None:
-    metrics, blocks, comparisons = group_metrics(variants, list(summary_paths))
+def write_experiment_metrics(variants, summary_paths, *, metrics_csv, blocks_csv, comparisons_csv=None) -> None:
+    metrics, blocks, comparisons = experiment_metrics(variants, list(summary_paths))
     atomic_write_text(metrics_csv, metrics.to_csv(index=False))
     atomic_write_text(blocks_csv, blocks.to_csv(index=False))
     if comparisons_csv is not None:
@@ -112,23 +112,23 @@ def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.D
     return pd.DataFrame(steps), pd.DataFrame(runs)
 
 
-def write_group_training(variants, drafter_dirs, *, steps_csv, runs_csv) -> None:
+def write_experiment_training(variants, drafter_dirs, *, steps_csv, runs_csv) -> None:
     steps, runs = training_frames(variants, list(drafter_dirs))
     atomic_write_text(steps_csv, steps.to_csv(index=False))
     atomic_write_text(runs_csv, runs.to_csv(index=False))
 
 
 def read_metrics(paths) -> pd.DataFrame:
-    """Concatenate group metrics CSVs. One evaluation may appear under several groups (variants are
-    shared), so rows are kept per group: every table selects its groups explicitly."""
+    """Concatenate experiment metrics CSVs. One evaluation may appear under several experiments (variants are
+    shared), so rows are kept per experiment: every table selects its experiments explicitly."""
     frames = [pd.read_csv(path) for path in paths]
     return pd.concat(frames, ignore_index=True).drop_duplicates()
 
 
 def _shallowest_main(metrics: pd.DataFrame, objective: str) -> str:
-    rows = metrics[(metrics["group"] == "main") & (metrics["objective"] == objective)]
+    rows = metrics[(metrics["experiment"] == "main") & (metrics["objective"] == objective)]
     if rows.empty:
-        raise ValueError(f"no {objective!r} drafter in group 'main'")
+        raise ValueError(f"no {objective!r} drafter in experiment 'main'")
     return rows.sort_values(["depth", "block_size"]).iloc[0]["variant"]
 
 

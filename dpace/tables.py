@@ -7,7 +7,7 @@ environment as a string (booktabs rules; ``\\multirow`` and ``\\resizebox`` need
 Input contract (see the project brief; only these columns are used):
 
 * ``metrics`` -- one row per (variant, epoch, benchmark, temperature) with ``target``,
-  ``target_label``, ``variant``, ``group``, ``objective``, ``depth``, ``block_size``, ``alpha``,
+  ``target_label``, ``variant``, ``experiment``, ``objective``, ``depth``, ``block_size``, ``alpha``,
   ``epoch``, ``benchmark``, ``temperature``, ``tau``, ``speedup``; ``normalization`` for
   :func:`table_normalization`; an optional ``k`` names the top-k of ``topk-prefix`` runs.
 * ``train_runs`` -- per-run summary with ``variant``, ``objective``, ``block_size``, ``steps``,
@@ -20,12 +20,12 @@ Conventions shared by all tables:
 * "final epoch" means each variant's last evaluated epoch unless ``epoch=`` is given;
 * averages are taken over the benchmarks present in the table; a run that lacks one of them
   gets ``--`` rather than an average over fewer benchmarks;
-* a table for group G takes its rows from G; the reference runs a paper table shares with the
+* a table for experiment G takes its rows from G; the reference runs a paper table shares with the
   main experiment (the DFlash / D-PACE rows of the same target, depth and block size) are
-  borrowed from group ``main`` when G lacks them;
+  borrowed from experiment ``main`` when G lacks them;
 * the best value of each row group is bold (ties at the displayed precision all bold; a single
   candidate is not bold), and the D-PACE method label is bold as in the paper;
-* a missing group raises ``ValueError`` naming it; duplicated runs raise too.
+* a missing experiment raises ``ValueError`` naming it; duplicated runs raise too.
 """
 
 from __future__ import annotations
@@ -183,17 +183,17 @@ def _table(
 # --------------------------------------------------------------------------------------------
 
 
-def _group_rows(df: pd.DataFrame, group: str) -> pd.DataFrame:
-    rows = df[df["group"] == group]
+def _experiment_rows(df: pd.DataFrame, experiment: str) -> pd.DataFrame:
+    rows = df[df["experiment"] == experiment]
     if rows.empty:
-        groups = sorted(map(str, df["group"].dropna().unique()))
-        raise ValueError(f"metrics has no rows for group {group!r} (groups present: {groups})")
+        experiments = sorted(map(str, df["experiment"].dropna().unique()))
+        raise ValueError(f"metrics has no rows for experiment {experiment!r} (experiments present: {experiments})")
     return rows
 
 
 def _complete(
     df: pd.DataFrame,
-    group: str,
+    experiment: str,
     *,
     objectives: Iterable[str] | None = None,
     borrow: Iterable[str] = (),
@@ -201,12 +201,12 @@ def _complete(
     key_cols: Sequence[str] = ("objective",),
     sources: Sequence[str] = ("main",),
 ) -> pd.DataFrame:
-    """Rows of ``group`` (restricted to ``objectives``), plus runs of the ``borrow`` objectives that
-    the group lacks for one of its configurations, taken from the ``sources`` groups in order.
+    """Rows of ``experiment`` (restricted to ``objectives``), plus runs of the ``borrow`` objectives that
+    the experiment lacks for one of its configurations, taken from the ``sources`` experiments in order.
 
-    A run is identified by ``config_cols + key_cols``; the group's own runs always win.
+    A run is identified by ``config_cols + key_cols``; the experiment's own runs always win.
     """
-    own = _group_rows(df, group)
+    own = _experiment_rows(df, experiment)
     configs = own[list(config_cols)].drop_duplicates()
     if objectives is not None:
         own = own[own["objective"].isin(list(objectives))]
@@ -215,9 +215,9 @@ def _complete(
     parts = [own]
     borrow = list(borrow)
     for src in sources:
-        if src == group or not borrow:
+        if src == experiment or not borrow:
             continue
-        cand = df[(df["group"] == src) & df["objective"].isin(borrow)]
+        cand = df[(df["experiment"] == src) & df["objective"].isin(borrow)]
         if cand.empty:
             continue
         cand = cand.merge(configs, on=list(config_cols), how="inner")
@@ -228,7 +228,7 @@ def _complete(
         n_variants = cand.groupby(ident, dropna=False)["variant"].nunique()
         if (n_variants > 1).any():
             bad = n_variants[n_variants > 1].index.tolist()
-            raise ValueError(f"cannot borrow runs from group {src!r} for {group!r}: ambiguous {ident}={bad}")
+            raise ValueError(f"cannot borrow runs from experiment {src!r} for {experiment!r}: ambiguous {ident}={bad}")
         have |= set(map(tuple, cand[ident].drop_duplicates().itertuples(index=False)))
         parts.append(cand)
     return pd.concat(parts, ignore_index=True)
@@ -276,24 +276,24 @@ def _join_words(items: Sequence[str]) -> str:
 SIGNIFICANT = r"$^{\dagger}$"
 
 
-def significant_differences(comparisons: pd.DataFrame | None, group: str, epoch: int) -> set[tuple]:
+def significant_differences(comparisons: pd.DataFrame | None, experiment: str, epoch: int) -> set[tuple]:
     """(objective, depth, temperature, metric) whose average over benchmarks differs significantly
-    from the group's DFlash drafter (95% paired bootstrap interval without 0; ``dpace.intervals``)."""
+    from the experiment's DFlash drafter (95% paired bootstrap interval without 0; ``dpace.intervals``)."""
     if comparisons is None or comparisons.empty:
         return set()
-    rows = comparisons[(comparisons["group"] == group) & (comparisons["benchmark"] == "avg")
+    rows = comparisons[(comparisons["experiment"] == experiment) & (comparisons["benchmark"] == "avg")
                        & (comparisons["epoch"].astype(int) == int(epoch)) & comparisons["significant"].astype(bool)]
     return {(r.objective, int(r.depth), float(r.temperature), r.metric) for r in rows.itertuples()}
 
 
 def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: pd.DataFrame | None = None) -> str:
     """Table 1 (``tab:main``): SR and tau per benchmark and their average, rows objective x depth x
-    temperature, from the final epoch of group ``main``; best per column within each (T, depth).
-    With ``comparisons`` (``dpace.intervals.group_comparisons``), an average that differs significantly
+    temperature, from the final epoch of experiment ``main``; best per column within each (T, depth).
+    With ``comparisons`` (``dpace.intervals.experiment_comparisons``), an average that differs significantly
     from DFlash's is marked with a dagger."""
-    df = final_epoch_rows(_group_rows(prepared_metrics(metrics), "main"), epoch, "group 'main'")
+    df = final_epoch_rows(_experiment_rows(prepared_metrics(metrics), "main"), epoch, "experiment 'main'")
     significant = significant_differences(comparisons, "main", int(df["epoch"].iloc[0]))
-    check_unique(df, ["objective", "depth", "temperature", "benchmark"], "group 'main'")
+    check_unique(df, ["objective", "depth", "temperature", "benchmark"], "experiment 'main'")
     benches = present_benchmarks(df)
     temps = sorted(df["temperature"].astype(float).unique())
     depths = sorted(df["depth"].astype(int).unique())
@@ -377,21 +377,21 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: 
 def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0) -> str:
     """Table 2 (``tab:cross-model``): per-benchmark ``SR / tau`` of DFlash vs D-PACE per target.
 
-    Uses group ``cross_model`` (borrowing missing DFlash / D-PACE runs of the same configuration
+    Uses experiment ``cross_model`` (borrowing missing DFlash / D-PACE runs of the same configuration
     from ``main``).  Without any ``cross_model`` rows, a study with a single target falls back to
-    the main group's DFlash / D-PACE rows at its shallowest depth.
+    the main experiment's DFlash / D-PACE rows at its shallowest depth.
     """
     df = prepared_metrics(metrics)
-    if (df["group"] == "cross_model").any():
+    if (df["experiment"] == "cross_model").any():
         rows = _complete(df, "cross_model", objectives=("dflash", "dpace"), borrow=("dflash", "dpace"))
     else:
-        main = df[df["group"] == "main"]
+        main = df[df["experiment"] == "main"]
         if main.empty or main["target"].nunique() != 1:
             raise ValueError(
-                "metrics has no rows for group 'cross_model' (and no single-target 'main' group to fall back on)"
+                "metrics has no rows for experiment 'cross_model' (and no single-target 'main' experiment to fall back on)"
             )
         rows = main[(main["depth"] == main["depth"].min()) & main["objective"].isin(["dflash", "dpace"])]
-    what = "group 'cross_model'"
+    what = "experiment 'cross_model'"
     rows = rows_at_temperature(final_epoch_rows(rows, epoch, what), temperature, what)
     if rows.empty:
         raise ValueError(f"{what}: no DFlash / D-PACE rows")
@@ -452,10 +452,10 @@ def ablation_trajectories(
     metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0
 ) -> pd.DataFrame:
     """Long frame (config, objective, epoch, tau) of the ablation runs on ``benchmark`` at
-    ``temperature`` (group ``ablation``; DFlash / D-PACE borrowed from ``main`` if absent)."""
+    ``temperature`` (experiment ``ablation``; DFlash / D-PACE borrowed from ``main`` if absent)."""
     df = prepared_metrics(metrics)
     rows = _complete(df, "ablation", objectives=ABLATION_OBJECTIVES, borrow=("dflash", "dpace"))
-    what = "group 'ablation'"
+    what = "experiment 'ablation'"
     rows = rows[rows["benchmark"] == benchmark]
     if rows.empty:
         raise ValueError(f"{what}: no rows for benchmark {benchmark!r}")
@@ -505,15 +505,15 @@ def table_smoothing(
     metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0, default_alpha: float = DEFAULT_ALPHA
 ) -> str:
     """Table 5 (``tab:smoothing-sweep``): average tau per alpha (D-PACE) plus DFlash, one row per
-    (target, depth, B) of group ``smoothing``; best per row bold.
+    (target, depth, B) of experiment ``smoothing``; best per row bold.
 
     Runs the sweep shares with other experiments (DFlash, D-PACE at the default alpha) are borrowed
-    from groups ``main`` then ``block_size`` when the smoothing group lacks them.
+    from experiments ``main`` then ``block_size`` when the smoothing experiment lacks them.
     """
     df = prepared_metrics(metrics)
     rows = _complete(df, "smoothing", objectives=("dpace", "dflash"), borrow=("dpace", "dflash"),
                      key_cols=("objective", "_alpha"), sources=("main", "block_size"))
-    what = "group 'smoothing'"
+    what = "experiment 'smoothing'"
     rows = rows_at_temperature(final_epoch_rows(rows, epoch, what), temperature, what)
     avg = benchmark_averages(rows, [*CONFIG, "objective", "_alpha"])
     dp = avg[(avg["objective"] == "dpace") & (avg["_alpha"] >= 0)]
@@ -569,11 +569,11 @@ def _delta(new: float, old: float) -> str:
 
 def table_block_size(metrics: pd.DataFrame, *, epoch: int | None = None, temperature: float = 0.0) -> str:
     """Table 4 (``tab:block-size``): average SR and tau per block size B, DFlash vs D-PACE, and the
-    relative change Delta(%) (group ``block_size``; the B of the main runs borrowed from ``main``)."""
+    relative change Delta(%) (experiment ``block_size``; the B of the main runs borrowed from ``main``)."""
     df = prepared_metrics(metrics)
     rows = _complete(df, "block_size", objectives=("dflash", "dpace"), borrow=("dflash", "dpace"),
                      config_cols=("target", "depth"), key_cols=("objective", "block_size"))
-    what = "group 'block_size'"
+    what = "experiment 'block_size'"
     rows = rows_at_temperature(final_epoch_rows(rows, epoch, what), temperature, what)
     avg = benchmark_averages(rows, [*CONFIG, "objective"])
     configs = distinct_configs(avg, ("target", "depth"))
@@ -662,11 +662,11 @@ def _avg_table(
     return _table(body, spec="l" + "cc" * nt, caption=caption, label=label)
 
 
-def _temperatures(rows: pd.DataFrame, group: str, temperatures: Sequence[float] | None) -> list[float]:
-    """The requested temperatures, or (None) those the group's own runs were evaluated at."""
+def _temperatures(rows: pd.DataFrame, experiment: str, temperatures: Sequence[float] | None) -> list[float]:
+    """The requested temperatures, or (None) those the experiment's own runs were evaluated at."""
     if temperatures is not None:
         return list(temperatures)
-    return sorted(rows.loc[rows["group"] == group, "temperature"].astype(float).unique())
+    return sorted(rows.loc[rows["experiment"] == experiment, "temperature"].astype(float).unique())
 
 
 TARGET_PROB_LABELS: dict[str, str] = {
@@ -680,11 +680,11 @@ def table_target_prob(
     metrics: pd.DataFrame, *, epoch: int | None = None, temperatures: Sequence[float] | None = (0.0,)
 ) -> str:
     """Table 6 (``tab:target``): average SR / tau of DFlash, D-PACE (target prob) and D-PACE
-    (group ``target_prob``; DFlash and D-PACE borrowed from ``main``).  ``temperatures=None``
+    (experiment ``target_prob``; DFlash and D-PACE borrowed from ``main``).  ``temperatures=None``
     renders every temperature present."""
     df = prepared_metrics(metrics)
     rows = _complete(df, "target_prob", objectives=tuple(TARGET_PROB_LABELS), borrow=("dflash", "dpace"))
-    what = "group 'target_prob'"
+    what = "experiment 'target_prob'"
     rows = final_epoch_rows(rows, epoch, what)
     temps = _temperatures(rows, "target_prob", temperatures)
     depths = sorted(rows["depth"].astype(int).unique())
@@ -709,11 +709,11 @@ def table_objectives_extra(
     metrics: pd.DataFrame, *, epoch: int | None = None, temperatures: Sequence[float] | None = None
 ) -> str:
     """Extension table (``tab:objectives-extra``): average SR / tau per temperature of the extra
-    objectives (group ``extras``: D-PAKL, PARD-2 CAT, ...) next to the main DFlash / D-PACE runs of
+    objectives (experiment ``extras``: D-PAKL, PARD-2 CAT, ...) next to the main DFlash / D-PACE runs of
     the same target, depth and block size."""
     df = prepared_metrics(metrics)
     rows = _complete(df, "extras", borrow=("dflash", "dpace"))
-    what = "group 'extras'"
+    what = "experiment 'extras'"
     rows = final_epoch_rows(rows, epoch, what)
     temps = _temperatures(rows, "extras", temperatures)
     caption = (
@@ -741,10 +741,10 @@ def table_normalization(
     metrics: pd.DataFrame, *, epoch: int | None = None, temperatures: Sequence[float] | None = None
 ) -> str:
     """Extension table (``tab:normalization``): average SR / tau per temperature of D-PACE under each
-    loss normalization (group ``normalization``), with the main DFlash run as reference."""
+    loss normalization (experiment ``normalization``), with the main DFlash run as reference."""
     df = prepared_metrics(metrics, extra=("normalization",))
     rows = _complete(df, "normalization", borrow=("dflash",), key_cols=("objective", "normalization"))
-    what = "group 'normalization'"
+    what = "experiment 'normalization'"
     rows = final_epoch_rows(rows, epoch, what)
     temps = _temperatures(rows, "normalization", temperatures)
 
@@ -794,18 +794,18 @@ def _select_timing_runs(
     elif runs.groupby("objective")["variant"].nunique().max() > 1:
         info = None
         if metrics is not None:
-            require_columns(metrics, ("variant", "group", "depth"), "metrics")
-            info = metrics[["variant", "group", "depth"]].drop_duplicates("variant")
-        elif {"group", "depth"} <= set(runs.columns):
-            info = runs[["variant", "group", "depth"]]
+            require_columns(metrics, ("variant", "experiment", "depth"), "metrics")
+            info = metrics[["variant", "experiment", "depth"]].drop_duplicates("variant")
+        elif {"experiment", "depth"} <= set(runs.columns):
+            info = runs[["variant", "experiment", "depth"]]
         if info is None:
             raise ValueError(
                 "train_runs has several DFlash / D-PACE runs "
                 f"({sorted(runs['variant'])}); pass variants= or metrics= to pick the main pair"
             )
-        runs = runs.drop(columns=[c for c in ("group", "depth") if c in runs.columns])
+        runs = runs.drop(columns=[c for c in ("experiment", "depth") if c in runs.columns])
         runs = runs.merge(info, on="variant", how="inner")
-        runs = runs[runs["group"] == "main"]
+        runs = runs[runs["experiment"] == "main"]
         runs = runs[runs["depth"] == runs["depth"].min()]
     if runs.empty:
         raise ValueError("train_runs has no DFlash / D-PACE run to compare")
@@ -827,7 +827,7 @@ def table_training_time(
     49,993 iterations per epoch); an optimizer step here is ``grad_accumulation`` micro-batches.
     Both are shown, labelled; per iteration needs the ``grad_accumulation`` column.
     With several DFlash / D-PACE runs, pick them with ``variants=`` or let ``metrics`` (its
-    ``variant``, ``group``, ``depth``) select the shallowest runs of group ``main``.
+    ``variant``, ``experiment``, ``depth``) select the shallowest runs of experiment ``main``.
     """
     require_columns(train_runs, TRAIN_RUN_COLUMNS, "train_runs")
     runs = _select_timing_runs(train_runs, variants, metrics)

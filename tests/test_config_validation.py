@@ -91,27 +91,27 @@ def test_shipped_configs_are_valid():
 
 
 def test_paper_grid_expands_to_the_papers_variants():
-    groups = experiments(PAPER)
-    main = {(v.objective, v.depth, v.block_size) for v in groups["main"].variants}
+    expanded = experiments(PAPER)
+    main = {(v.objective, v.depth, v.block_size) for v in expanded["main"].variants}
     assert main == {(o, d, 16) for o in ("dflash", "topk-prefix", "accept-rate", "dpace") for d in (3, 5)}
-    cross = {(v.target, v.objective, v.block_size) for v in groups["cross_model"].variants}
+    cross = {(v.target, v.objective, v.block_size) for v in expanded["cross_model"].variants}
     assert cross == {(t, o, b) for t, b in (("llama3.1-8b", 10), ("qwen3-8b", 16)) for o in ("dflash", "dpace")}
-    assert {v.epochs for v in groups["ablation"].variants} == {9}
-    smoothing = {(v.target, v.block_size, dict(v.hparams).get("alpha")) for v in groups["smoothing"].variants}
+    assert {v.epochs for v in expanded["ablation"].variants} == {9}
+    smoothing = {(v.target, v.block_size, dict(v.hparams).get("alpha")) for v in expanded["smoothing"].variants}
     assert {(t, b, a) for t, b, a in smoothing if a is not None} == {
         (t, b, a) for t, b in (("qwen3-4b", 16), ("qwen3-4b", 8), ("llama3.1-8b", 10)) for a in (0.0, 0.3, 0.5, 0.7, 0.9)
     }
-    gammas = {v.block_size: dict(v.hparams)["gamma"] for v in groups["block_size"].variants if v.objective == "dflash"}
+    gammas = {v.block_size: dict(v.hparams)["gamma"] for v in expanded["block_size"].variants if v.objective == "dflash"}
     assert gammas == {8: 4.0, 12: 6.0, 16: 7.0}
     # Experiments share drafters. Table 1 reads epoch 6 of the 9-epoch runs (checkpoint: ablation-run),
     # so its 3L DFlash / D-PACE are the ablation's runs; the smoothing sweep's alpha=0.5 at B=16 is
     # the block-size table's B=16 D-PACE.
-    assert groups["main"].eval_epoch == 6 and {v.epochs for v in groups["main"].variants} == {9}
-    ids = {v.id for v in groups["main"].variants} & {v.id for v in groups["ablation"].variants}
+    assert expanded["main"].eval_epoch == 6 and {v.epochs for v in expanded["main"].variants} == {9}
+    ids = {v.id for v in expanded["main"].variants} & {v.id for v in expanded["ablation"].variants}
     assert ids == {"dpace-alpha0.5-d3-b16-e9", f"dflash-gamma{gammas[16]:g}-d3-b16-e9"}
-    ids = {v.id for v in groups["block_size"].variants} & {v.id for v in groups["smoothing"].variants}
+    ids = {v.id for v in expanded["block_size"].variants} & {v.id for v in expanded["smoothing"].variants}
     assert "dpace-alpha0.5-d3-b16-e6" in ids
-    assert len(all_variants(PAPER)) < sum(len(g.variants) for g in groups.values())
+    assert len(all_variants(PAPER)) < sum(len(g.variants) for g in expanded.values())
 
 
 def test_drafter_init_from_the_target_needs_the_local_loop():

@@ -105,6 +105,6 @@ def test_fig_tau_trajectory(tmp_path, metrics):
     assert ax.get_xlabel() == "Training epoch" and "MATH-500" in ax.get_ylabel()
 
 
-def test_figure_missing_group_raises(metrics):
+def test_figure_missing_experiment_raises(metrics):
     with pytest.raises(ValueError, match="'ablation'"):
-        figures.tau_trajectory_figure(metrics[metrics["group"] != "ablation"])
+        figures.tau_trajectory_figure(metrics[metrics["experiment"] != "ablation"])

@@ -6,7 +6,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpace.intervals import group_comparisons, paired_bootstrap
+from dpace.intervals import experiment_comparisons, paired_bootstrap
 
 BENCHMARKS = ("gsm8k", "mbpp", "mt_bench")
 
@@ -91,17 +91,17 @@ def test_different_prompts_are_refused():
         paired_bootstrap(_requests(base), other)
 
 
-def test_group_comparisons_pair_each_drafter_with_the_dflash_of_its_cell():
+def test_experiment_comparisons_pair_each_drafter_with_the_dflash_of_its_cell():
     base = _prompt_difficulty(10)
     rows = []
     for depth, bump in ((1, 0.2), (3, 0.0)):
         for objective, shift in (("dflash", 0.0), ("dpace", bump)):
             for temperature in (0.0, 1.0):
                 for benchmark, requests in _requests(base + shift + depth).items():
-                    rows.append({"target": "t", "group": "main", "epoch": 2, "suite": "full", "temperature": temperature,
+                    rows.append({"target": "t", "experiment": "main", "epoch": 2, "suite": "full", "temperature": temperature,
                                  "depth": depth, "block_size": 8, "variant": f"{objective}-d{depth}",
                                  "objective": objective, "benchmark": benchmark, "requests": requests})
-    comparisons = group_comparisons(pd.DataFrame(rows))
+    comparisons = experiment_comparisons(pd.DataFrame(rows))
     avg = comparisons[(comparisons["benchmark"] == "avg") & (comparisons["metric"] == "tau")]
     assert sorted(zip(avg["variant"], avg["reference_variant"], avg["temperature"], strict=True)) == [
         ("dpace-d1", "dflash-d1", 0.0), ("dpace-d1", "dflash-d1", 1.0),

@@ -16,7 +16,7 @@ PAPER = REPO / "workflow" / "configs" / "paper.yaml"
 GPU_RULES = {"generate_responses": 1, "train_drafter": 2, "evaluate": 1}  # paper.yaml: sglang, specforge, local bf16
 # Table 1's Qwen3-4B trains on the DFlash authors' released answers: imported, not generated.
 TABLE_1_JOBS = {"benchmark_prompts": 6, "prepare_target": 1, "import_responses": 1,
-                "features": 1, "train_drafter": 8, "evaluate": 8, "group_metrics": 1}
+                "features": 1, "train_drafter": 8, "evaluate": 8, "experiment_metrics": 1}
 
 
 def dry_run(tmp_path: Path, profile: str, target: str) -> str:
@@ -92,7 +92,7 @@ def test_everything_plan(tmp_path, profile):
     text = dry_run(tmp_path, profile, "all")
     jobs = planned_jobs(text)
     counts = job_counts(jobs)
-    # 'all' holds at least Table 1's jobs, with more drafters (every experiment group) on three targets.
+    # 'all' holds at least Table 1's jobs, with more drafters (every experiment) on three targets.
     for rule, count in TABLE_1_JOBS.items():
         assert counts.get(rule, 0) >= count, (rule, counts)
     assert counts["prepare_target"] == 3 and counts["features"] == 3

@@ -104,18 +104,18 @@ def test_table_main(metrics):
 def test_table_main_marks_only_significant_average_differences(metrics):
     comparisons = pd.DataFrame([
         # significant: T=0, 1L D-PACE tau and Accept-rate SR; not significant: T=1 D-PACE tau
-        {"group": "main", "epoch": 2, "benchmark": "avg", "objective": "dpace", "depth": 1, "temperature": 0.0,
+        {"experiment": "main", "epoch": 2, "benchmark": "avg", "objective": "dpace", "depth": 1, "temperature": 0.0,
          "metric": "tau", "significant": True},
-        {"group": "main", "epoch": 2, "benchmark": "avg", "objective": "accept-rate", "depth": 2, "temperature": 0.0,
+        {"experiment": "main", "epoch": 2, "benchmark": "avg", "objective": "accept-rate", "depth": 2, "temperature": 0.0,
          "metric": "speedup", "significant": True},
-        {"group": "main", "epoch": 2, "benchmark": "avg", "objective": "dpace", "depth": 1, "temperature": 1.0,
+        {"experiment": "main", "epoch": 2, "benchmark": "avg", "objective": "dpace", "depth": 1, "temperature": 1.0,
          "metric": "tau", "significant": False},
-        # other epochs, groups and per-benchmark rows never mark Table 1's averages
-        {"group": "main", "epoch": 1, "benchmark": "avg", "objective": "topk-prefix", "depth": 1, "temperature": 0.0,
+        # other epochs, experiments and per-benchmark rows never mark Table 1's averages
+        {"experiment": "main", "epoch": 1, "benchmark": "avg", "objective": "topk-prefix", "depth": 1, "temperature": 0.0,
          "metric": "tau", "significant": True},
-        {"group": "extras", "epoch": 2, "benchmark": "avg", "objective": "topk-prefix", "depth": 1,
+        {"experiment": "extras", "epoch": 2, "benchmark": "avg", "objective": "topk-prefix", "depth": 1,
          "temperature": 0.0, "metric": "tau", "significant": True},
-        {"group": "main", "epoch": 2, "benchmark": "gsm8k", "objective": "topk-prefix", "depth": 1,
+        {"experiment": "main", "epoch": 2, "benchmark": "gsm8k", "objective": "topk-prefix", "depth": 1,
          "temperature": 0.0, "metric": "tau", "significant": True},
     ])
     plain = check_structure(tables.table_main(metrics), n_data=16, n_cols=16, label="tab:main")
@@ -158,7 +158,7 @@ def test_table_cross_model(metrics):
 
 
 def test_table_cross_model_single_target_fallback(metrics):
-    latex = tables.table_cross_model(metrics[metrics["group"] != "cross_model"])
+    latex = tables.table_cross_model(metrics[metrics["experiment"] != "cross_model"])
     rows = check_structure(latex, n_data=2, n_cols=8, label="tab:cross-model")
     assert "SmolLM2-135M" in rows[0][0]
     assert rows[0][2] == "2.40 / 3.40" and rows[1][2] == r"\textbf{2.80 / 3.80}"  # main 1L, GSM8K
@@ -188,7 +188,7 @@ def test_table_smoothing(metrics):
     assert r"& $0.0$ & $\mathbf{0.5}$ & $0.9$ & decayed-CE \\" in latex
     b8, b16 = rows
     assert b8[0] == r"SmolLM2-135M ($B{=}8$)"
-    # alpha 0.5 and DFlash for B=8 come from the block_size group, for B=16 from main
+    # alpha 0.5 and DFlash for B=8 come from the block_size experiment, for B=16 from main
     assert b8[1:] == ["$1.02$", "$3.10$", r"$\mathbf{3.15}$", "$2.90$"]
     assert b16[1:] == ["$1.02$", r"$\mathbf{3.40}$", "$3.20$", "$3.00$"]
 
@@ -298,11 +298,11 @@ def test_table_normalization(metrics):
     assert rows[1][1:] == ["2.30", "3.30"] and rows[0][1:] == ["2.00", "3.00"]
 
 
-# ---------------------------------------------------------------- missing groups
+# ---------------------------------------------------------------- missing experiments
 
 
 @pytest.mark.parametrize(
-    ("func", "group", "drop"),
+    ("func", "experiment", "drop"),
     [
         (tables.table_main, "main", ["main"]),
         (tables.table_cross_model, "cross_model", ["cross_model", "main"]),
@@ -314,9 +314,9 @@ def test_table_normalization(metrics):
         (tables.table_normalization, "normalization", ["normalization"]),
     ],
 )
-def test_missing_group_raises(metrics, func, group, drop):
-    with pytest.raises(ValueError, match=f"'{group}'"):
-        func(metrics[~metrics["group"].isin(drop)])
+def test_missing_experiment_raises(metrics, func, experiment, drop):
+    with pytest.raises(ValueError, match=f"'{experiment}'"):
+        func(metrics[~metrics["experiment"].isin(drop)])
 
 
 def test_missing_column_raises(metrics):

@@ -144,7 +144,7 @@ def test_smoke_checkpoints_load_into_dflash(smoke_run):
 
     workdir, _ = smoke_run
     drafters = sorted((workdir / "results" / "drafters" / "tiny").iterdir())
-    assert len(drafters) == 14  # distinct variants across all groups (shared ones trained once)
+    assert len(drafters) == 14  # distinct variants across all experiments (shared ones trained once)
     for drafter in drafters:
         model = load_drafter(drafter / "epoch-2")
         assert model.block_size == int(drafter.name.split("-b")[1].split("-")[0])
@@ -164,7 +164,7 @@ def test_changing_one_hyperparameter_plans_only_that_variant(smoke_run):
     changed = write_config(workdir, **{"train.objective_hparams": hparams})
     result = snakemake(workdir, changed, "-n", "results/table_main.tex")
     jobs = planned_jobs(result)
-    assert jobs == {"train_drafter": 1, "evaluate": 1, "group_metrics": 1, "render_table": 1}
+    assert jobs == {"train_drafter": 1, "evaluate": 1, "experiment_metrics": 1, "render_table": 1}
     assert "topk-prefix-k2" in result.stdout
 
 

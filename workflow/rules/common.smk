@@ -51,12 +51,12 @@ def eval_summary(target, variant_id, epoch, suite):
     return f"{RESULTS}/eval/{target}/{variant_id}/epoch-{epoch}/{suite}/summary.json"
 
 
-def group_evaluations(group):
-    """Evaluation summaries a group's tables need: the full suite at the group's checkpoint (the
+def experiment_evaluations(name):
+    """Evaluation summaries experiment ``name``'s tables need: the full suite at its checkpoint (the
     final epoch unless experiments.main.checkpoint says otherwise), and for the ablation trajectory
     MATH-500 at T=0 after every earlier epoch."""
     paths = []
-    experiment = EXPERIMENTS[group]
+    experiment = EXPERIMENTS[name]
     for v in experiment.variants:
         paths.append(eval_summary(v.target, v.id, experiment.eval_epoch or v.epochs, "full"))
         if experiment.every_epoch:
@@ -64,23 +64,23 @@ def group_evaluations(group):
     return paths
 
 
-# Each artifact: the experiment group it exists for, and the groups whose rows it reads. Every
-# group holds its own DFlash reference, so a table never waits for drafters it does not show.
+# Each artifact: the experiment it exists for, and the experiments whose rows it reads. Every
+# experiment holds its own DFlash reference, so a table never waits for drafters it does not show.
 ARTIFACTS = {
-    "table_main": {"requires": "main", "groups": ["main"]},
-    "table_cross_model": {"requires": "main", "groups": ["cross_model", "main"]},
-    "table_ablation": {"requires": "ablation", "groups": ["ablation"]},
+    "table_main": {"requires": "main", "experiments": ["main"]},
+    "table_cross_model": {"requires": "main", "experiments": ["cross_model", "main"]},
+    "table_ablation": {"requires": "ablation", "experiments": ["ablation"]},
     # In the paper's order (its LaTeX numbers the block-size table 4, the smoothing sweep 5).
-    "table_block_size": {"requires": "block_size", "groups": ["block_size"]},
-    "table_smoothing": {"requires": "smoothing", "groups": ["smoothing"]},
-    "table_target_prob": {"requires": "target_prob", "groups": ["target_prob"]},
-    "table_training_time": {"requires": "main", "groups": ["main"], "train": True},
-    "table_correlation": {"requires": "main", "groups": ["main"], "blocks": True},
-    "table_objectives_extra": {"requires": "extras", "groups": ["extras"]},
-    "table_normalization": {"requires": "normalization", "groups": ["normalization"]},
-    "fig_motivation": {"requires": "main", "groups": ["main", "cross_model"], "blocks": True},
-    "fig_weight_dynamics": {"requires": "main", "groups": ["main"], "train": True},
-    "fig_tau_trajectory": {"requires": "ablation", "groups": ["ablation"]},
+    "table_block_size": {"requires": "block_size", "experiments": ["block_size"]},
+    "table_smoothing": {"requires": "smoothing", "experiments": ["smoothing"]},
+    "table_target_prob": {"requires": "target_prob", "experiments": ["target_prob"]},
+    "table_training_time": {"requires": "main", "experiments": ["main"], "train": True},
+    "table_correlation": {"requires": "main", "experiments": ["main"], "blocks": True},
+    "table_objectives_extra": {"requires": "extras", "experiments": ["extras"]},
+    "table_normalization": {"requires": "normalization", "experiments": ["normalization"]},
+    "fig_motivation": {"requires": "main", "experiments": ["main", "cross_model"], "blocks": True},
+    "fig_weight_dynamics": {"requires": "main", "experiments": ["main"], "train": True},
+    "fig_tau_trajectory": {"requires": "ablation", "experiments": ["ablation"]},
 }
 TABLES = [name for name in ARTIFACTS if name.startswith("table_")]
 FIGURES = [name for name in ARTIFACTS if name.startswith("fig_")]
@@ -100,10 +100,10 @@ def report_targets():
 
 def artifact_inputs(name):
     spec = ARTIFACTS[name]
-    groups = [g for g in spec["groups"] if g in EXPERIMENTS]
+    experiments = [e for e in spec["experiments"] if e in EXPERIMENTS]
     inputs = {
-        "metrics": [f"{RESULTS}/metrics/{g}.csv" for g in groups],
-        "comparisons": [f"{RESULTS}/metrics/{g}_comparisons.csv" for g in groups],
+        "metrics": [f"{RESULTS}/metrics/{e}.csv" for e in experiments],
+        "comparisons": [f"{RESULTS}/metrics/{e}_comparisons.csv" for e in experiments],
     }
     if spec.get("blocks"):
         # The local decoder records per-block q with every evaluation; SGLang does not (local_blocks).
@@ -115,16 +115,16 @@ def artifact_inputs(name):
     return inputs
 
 
-def group_metadata(group):
-    """What the metrics CSV needs to know about each evaluated drafter of a group."""
+def experiment_metadata(experiment):
+    """What the metrics CSV needs to know about each evaluated drafter of an experiment."""
     rows = []
-    for v in EXPERIMENTS[group].variants:
+    for v in EXPERIMENTS[experiment].variants:
         target = config["targets"][v.target]
         rows.append({
             "target": v.target,
             "target_label": target.get("label", v.target),
             "variant": v.id,
-            "group": group,
+            "experiment": experiment,
             "objective": v.objective,
             "depth": v.depth,
             "block_size": v.block_size,

@@ -1,28 +1,28 @@
 # Stage 7: tidy metrics CSVs and the paper's tables and figures (each its own target).
 
 wildcard_constraints:
-    group="|".join(EXPERIMENTS),
+    experiment="|".join(EXPERIMENTS),
     table="|".join(TABLES),
     figure="|".join(FIGURES),
 
 
-rule group_metrics:
+rule experiment_metrics:
     input:
-        summaries=lambda wildcards: group_evaluations(wildcards.group),
+        summaries=lambda wildcards: experiment_evaluations(wildcards.experiment),
     output:
-        metrics=f"{RESULTS}/metrics/{{group}}.csv",
-        blocks=f"{RESULTS}/metrics/{{group}}_blocks.csv",
-        comparisons=f"{RESULTS}/metrics/{{group}}_comparisons.csv",
+        metrics=f"{RESULTS}/metrics/{{experiment}}.csv",
+        blocks=f"{RESULTS}/metrics/{{experiment}}_blocks.csv",
+        comparisons=f"{RESULTS}/metrics/{{experiment}}_comparisons.csv",
     log:
-        f"{RESULTS}/logs/report/metrics_{{group}}.log",
+        f"{RESULTS}/logs/report/metrics_{{experiment}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/report/metrics_{{group}}.tsv"
+        f"{RESULTS}/benchmarks/report/metrics_{{experiment}}.tsv"
     params:
-        variants=lambda wildcards: group_metadata(wildcards.group),
-        code=script_fingerprint("group_metrics.py"),
+        variants=lambda wildcards: experiment_metadata(wildcards.experiment),
+        code=script_fingerprint("experiment_metrics.py"),
     localrule: True
     script:
-        "../scripts/group_metrics.py"
+        "../scripts/experiment_metrics.py"
 
 
 rule local_blocks:
@@ -42,31 +42,31 @@ rule local_blocks:
     benchmark:
         f"{RESULTS}/benchmarks/report/metrics_main_local.tsv"
     params:
-        variants=group_metadata("main"),
-        code=script_fingerprint("group_metrics.py"),
+        variants=experiment_metadata("main"),
+        code=script_fingerprint("experiment_metrics.py"),
     localrule: True
     script:
-        "../scripts/group_metrics.py"
+        "../scripts/experiment_metrics.py"
 
 
-rule group_training:
+rule experiment_training:
     input:
         summaries=lambda wildcards: [
-            f"{RESULTS}/drafters/{v.target}/{v.id}/summary.json" for v in EXPERIMENTS[wildcards.group].variants
+            f"{RESULTS}/drafters/{v.target}/{v.id}/summary.json" for v in EXPERIMENTS[wildcards.experiment].variants
         ],
     output:
-        steps=f"{RESULTS}/metrics/{{group}}_train_steps.csv",
-        runs=f"{RESULTS}/metrics/{{group}}_train_runs.csv",
+        steps=f"{RESULTS}/metrics/{{experiment}}_train_steps.csv",
+        runs=f"{RESULTS}/metrics/{{experiment}}_train_runs.csv",
     log:
-        f"{RESULTS}/logs/report/training_{{group}}.log",
+        f"{RESULTS}/logs/report/training_{{experiment}}.log",
     benchmark:
-        f"{RESULTS}/benchmarks/report/training_{{group}}.tsv"
+        f"{RESULTS}/benchmarks/report/training_{{experiment}}.tsv"
     params:
-        variants=lambda wildcards: group_metadata(wildcards.group),
-        code=script_fingerprint("group_training.py"),
+        variants=lambda wildcards: experiment_metadata(wildcards.experiment),
+        code=script_fingerprint("experiment_training.py"),
     localrule: True
     script:
-        "../scripts/group_training.py"
+        "../scripts/experiment_training.py"
 
 
 rule render_table:

@@ -2,9 +2,9 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.report import write_group_metrics
+from dpace.report import write_experiment_metrics
 
-write_group_metrics(
+write_experiment_metrics(
     snakemake.params.variants,
     snakemake.input.summaries,
     metrics_csv=snakemake.output.metrics,

@@ -3,9 +3,9 @@ from pathlib import Path
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.report import write_group_training
+from dpace.report import write_experiment_training
 
-write_group_training(
+write_experiment_training(
     snakemake.params.variants,
     [str(Path(path).parent) for path in snakemake.input.summaries],
     steps_csv=snakemake.output.steps,
