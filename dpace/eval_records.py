@@ -98,14 +98,14 @@ def summarize(
     """One summary row per (benchmark, temperature, verification), DFlash's definitions."""
     if tau_counts not in TAU_COUNTS:
         raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
-    groups: dict[tuple, list[dict]] = {}
+    cells: dict[tuple, list[dict]] = {}
     for record in records:
-        groups.setdefault((record["benchmark"], record["temperature"], record["verification"]), []).append(record)
+        cells.setdefault((record["benchmark"], record["temperature"], record["verification"]), []).append(record)
     rows = []
-    for (benchmark, temperature, verification), group in groups.items():
-        group.sort(key=lambda r: r["prompt_index"])
-        requests = [turn for record in group for turn in record["turns"]]
-        block_size = group[0]["block_size"]
+    for (benchmark, temperature, verification), cell in cells.items():
+        cell.sort(key=lambda r: r["prompt_index"])
+        requests = [turn for record in cell for turn in record["turns"]]
+        block_size = cell[0]["block_size"]
         ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in requests)
         spec_tpot = statistics.fmean(t["spec"]["time_per_output_token_s"] for t in requests)
         steps = [_step_lengths(t, tau_counts) for t in requests]
@@ -115,7 +115,7 @@ def summarize(
         mismatches, diverged, first, divergences = None, None, None, None
         if temperature == 0 and all(t["greedy"] is not None for t in requests):
             mismatches, diverged, divergences = 0, 0, []
-            for record in group:
+            for record in cell:
                 for turn in record["turns"]:
                     mismatches += turn["greedy"]["mismatches"]
                     verdict = divergence_verdict(turn["greedy"], tie_margin)
@@ -134,7 +134,7 @@ def summarize(
             "speedup": ar_tpot / spec_tpot,
             "ar_tpot_s": ar_tpot,
             "spec_tpot_s": spec_tpot,
-            "num_prompts": len(group),
+            "num_prompts": len(cell),
             "num_requests": len(requests),
             "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in requests),
             "greedy_mismatches": mismatches,  # token positions that differ, over all requests
@@ -153,7 +153,7 @@ def summarize(
                  "tau": statistics.fmean(lengths) if (lengths := _step_lengths(turn, tau_counts)) else None,
                  "ar_tpot_s": turn["ar"]["time_per_output_token_s"],
                  "spec_tpot_s": turn["spec"]["time_per_output_token_s"]}
-                for record in group for turn in record["turns"]
+                for record in cell for turn in record["turns"]
             ],
         })
     return rows

@@ -259,13 +259,13 @@ def summarize_sglang(records: list[dict]) -> list[dict]:
     """``dpace.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
     rows = summarize(records)
     for row in rows:
-        group = [r for r in records if (r["benchmark"], r["temperature"], r["verification"])
+        cell = [r for r in records if (r["benchmark"], r["temperature"], r["verification"])
                  == (row["benchmark"], row["temperature"], row["verification"])]
-        turns = [t for r in group for t in r["turns"]]
+        turns = [t for r in cell for t in r["turns"]]
         per_request = [t["spec_accept_length"] for t in turns if t.get("spec_accept_length") is not None]
         row["tau"] = statistics.fmean(per_request) if per_request else None
         # The per-request taus the paired intervals resample follow the same definition.
-        by_turn = {(r["id"], t["turn"]): t.get("spec_accept_length") for r in group for t in r["turns"]}
+        by_turn = {(r["id"], t["turn"]): t.get("spec_accept_length") for r in cell for t in r["turns"]}
         for request in row["requests"]:
             request["tau"] = by_turn[(request["id"], request["turn"])]
         if not all(t.get("has_histogram") for t in turns):

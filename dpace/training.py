@@ -269,10 +269,10 @@ def train_drafter(
             micro_batches = list(padded_micro_batches(features, order.tolist(), config.micro_batch_size))
             while step_in_epoch < steps_per_epoch:
                 started = device_clock(device)
-                group = micro_batches[step_in_epoch * config.grad_accumulation : (step_in_epoch + 1) * config.grad_accumulation]
+                accumulated = micro_batches[step_in_epoch * config.grad_accumulation : (step_in_epoch + 1) * config.grad_accumulation]
                 optimizer.zero_grad(set_to_none=True)
                 loss_sum, accuracy_sum, weights = 0.0, 0.0, []
-                for batch in group:
+                for batch in accumulated:
                     batch = {key: value.to(device) for key, value in batch.items()}
                     with autocast():
                         if online:
@@ -293,9 +293,9 @@ def train_drafter(
                             f"non-finite loss {loss.item()} at step {global_step} (objective {objective}); "
                             "no checkpoint was written from it"
                         )
-                    (loss / len(group)).backward()
-                    loss_sum += loss.item() / len(group)
-                    accuracy_sum += float(accuracy) / len(group)
+                    (loss / len(accumulated)).backward()
+                    loss_sum += loss.item() / len(accumulated)
+                    accuracy_sum += float(accuracy) / len(accumulated)
                     weights.append(metrics["weight_per_position"])
                 bad = _first_non_finite(drafter)
                 if bad:
