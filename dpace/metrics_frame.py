@@ -31,6 +31,7 @@ METRIC_COLUMNS: tuple[str, ...] = (
 
 
 def is_finite(x: object) -> bool:
+    """Whether ``x`` is a finite number (None, NaN, inf and non-numbers are not)."""
     try:
         return x is not None and math.isfinite(float(x))  # type: ignore[arg-type]
     except (TypeError, ValueError):
@@ -38,12 +39,15 @@ def is_finite(x: object) -> bool:
 
 
 def require_columns(df: pd.DataFrame, columns: Iterable[str], what: str) -> None:
+    """Raise ``ValueError`` naming ``what`` and the columns of ``columns`` that ``df`` lacks."""
     missing = [c for c in columns if c not in df.columns]
     if missing:
         raise ValueError(f"{what} lacks column(s) {missing}")
 
 
 def prepared_metrics(metrics: pd.DataFrame, extra: Iterable[str] = ()) -> pd.DataFrame:
+    """A copy of ``metrics`` with the required columns (``METRIC_COLUMNS`` + ``extra``) checked and
+    ``_alpha``, alpha rounded for matching (-1 where a run has none)."""
     require_columns(metrics, (*METRIC_COLUMNS, *extra), "metrics")
     df = metrics.copy()
     df["_alpha"] = pd.to_numeric(df["alpha"], errors="coerce").round(6).fillna(-1.0)
@@ -51,6 +55,7 @@ def prepared_metrics(metrics: pd.DataFrame, extra: Iterable[str] = ()) -> pd.Dat
 
 
 def final_epoch_rows(df: pd.DataFrame, epoch: int | None, what: str) -> pd.DataFrame:
+    """Rows at ``epoch``, or (None) each variant's last evaluated epoch."""
     if epoch is None:
         last = df.groupby("variant")["epoch"].transform("max")
         return df[df["epoch"] == last]
@@ -61,6 +66,7 @@ def final_epoch_rows(df: pd.DataFrame, epoch: int | None, what: str) -> pd.DataF
 
 
 def rows_at_temperature(df: pd.DataFrame, temperature: float, what: str) -> pd.DataFrame:
+    """Rows evaluated at ``temperature``; none raises ``ValueError`` naming ``what``."""
     out = df[np.isclose(df["temperature"].astype(float), float(temperature))]
     if out.empty:
         raise ValueError(f"{what}: no rows at temperature {temperature:g}")
@@ -68,6 +74,7 @@ def rows_at_temperature(df: pd.DataFrame, temperature: float, what: str) -> pd.D
 
 
 def check_unique(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
+    """Raise ``ValueError`` if several rows of ``df`` share the same ``cols``."""
     dup = df.duplicated(list(cols), keep=False)
     if dup.any():
         example = df.loc[dup, list(cols)].drop_duplicates().head(3).to_dict("records")
@@ -112,6 +119,7 @@ def distinct_configs(df: pd.DataFrame, cols: Sequence[str] = CONFIG) -> list[tup
 
 
 def target_label_of(df: pd.DataFrame, target: object) -> str:
+    """The display label of ``target`` in ``df`` (its name if it has none)."""
     labels = df.loc[df["target"] == target, "target_label"].dropna().unique()
     return str(labels[0]) if len(labels) else str(target)
 
