@@ -64,11 +64,15 @@ def run(args) -> dict:
     features = load_features(run_dir / "features" / args.target / args.dataset)
     split = len(features) - args.heldout
     train_set, heldout = features.select(range(split)), features.select(range(split, len(features)))
+    if args.fit_on:  # can the drafter fit a few answers at all? Train and score on the same ones.
+        split = args.fit_on
+        train_set = heldout = features.select(range(args.fit_on))
     hparams = {"alpha": 0.5} if args.objective.startswith("dpace") else {}
     config = TrainConfig(
         objective=args.objective, objective_hparams=hparams, depth=args.depth, block_size=args.block_size,
         num_anchors=args.num_anchors, epochs=args.epochs, learning_rate=args.learning_rate,
-        precision=args.precision, drafter_init=args.drafter_init, threads=args.threads, save_every_steps=10**9,
+        precision=args.precision, drafter_init=args.drafter_init, micro_batch_size=args.micro_batch_size,
+        grad_accumulation=args.grad_accumulation, threads=args.threads, save_every_steps=10**9,
     )
     out = Path(args.work_dir) / args.name
     started = time.perf_counter()
@@ -118,6 +122,7 @@ if __name__ == "__main__":
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--dataset", default="sharegpt")
     parser.add_argument("--heldout", type=int, default=32)
+    parser.add_argument("--fit-on", type=int, help="train on the first N answers and score on the same N")
     parser.add_argument("--name", default="dflash")
     parser.add_argument("--objective", default="dflash")
     parser.add_argument("--depth", type=int, default=1)
@@ -126,8 +131,11 @@ if __name__ == "__main__":
     parser.add_argument("--epochs", type=int, default=2)
     parser.add_argument("--learning-rate", type=float, default=6e-4)
     parser.add_argument("--precision", default="fp32")
+    parser.add_argument("--micro-batch-size", type=int, default=2)
+    parser.add_argument("--grad-accumulation", type=int, default=2)
     parser.add_argument("--drafter-init", default="random")
     parser.add_argument("--threads", type=int, default=2)
+    parser.add_argument("--note", help="a remark stored with the record (e.g. what else ran on the machine)")
     parser.add_argument("--work-dir", default="/tmp/dpace-learning-curve")
     parser.add_argument("--record", default=str(Path(__file__).with_name("learning_curves.jsonl")))
     parser.add_argument("--plot", help="write a figure of every curve in --record to this path, and exit")

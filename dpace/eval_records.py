@@ -7,7 +7,7 @@ reaches this module through the SGLang backend.
 from __future__ import annotations
 
 import statistics
-from collections.abc import Iterable
+from collections.abc import Callable, Iterable
 from pathlib import Path
 
 from dpace.io import read_jsonl
@@ -92,10 +92,24 @@ def select_records(records: Iterable[dict], plan: list[tuple[str, float, int, di
                   key=lambda r: position[record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])])
 
 
+def _mean_step_length(turn: dict, tau_counts: str) -> float | None:
+    lengths = _step_lengths(turn, tau_counts)
+    return statistics.fmean(lengths) if lengths else None
+
+
 def summarize(
-    records: Iterable[dict], *, tau_counts: str = "accepted-plus-bonus", tie_margin: float = GREEDY_TIE_MARGIN
+    records: Iterable[dict], *, tau_counts: str = "accepted-plus-bonus", tie_margin: float = GREEDY_TIE_MARGIN,
+    request_tau: Callable[[dict], float | None] | None = None,
 ) -> list[dict]:
-    """One summary row per (benchmark, temperature, verification), DFlash's definitions."""
+    """One summary row per (benchmark, temperature, verification), DFlash's definitions.
+
+    A row's tau is the mean over requests of each request's tau: its mean step length (``tau_counts``),
+    or ``request_tau(turn)`` where the engine reports it itself (SGLang's accept length). The paired
+    intervals resample the same per-request taus.
+    """
+    if request_tau is None:
+        def request_tau(turn):
+            return _mean_step_length(turn, tau_counts)
     if tau_counts not in TAU_COUNTS:
         raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
     cells: dict[tuple, list[dict]] = {}
@@ -109,7 +123,7 @@ def summarize(
         ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in requests)
         spec_tpot = statistics.fmean(t["spec"]["time_per_output_token_s"] for t in requests)
         steps = [_step_lengths(t, tau_counts) for t in requests]
-        per_request = [statistics.fmean(s) for s in steps if s]
+        per_request = [tau for t in requests if (tau := request_tau(t)) is not None]
         lengths = [n for s in steps for n in s]
         histogram = [lengths.count(b) / len(lengths) if lengths else 0.0 for b in range(block_size + 1)]
         mismatches, diverged, first, divergences = None, None, None, None
@@ -150,7 +164,7 @@ def summarize(
             # Per request, for paired bootstrap intervals between drafters (dpace.intervals).
             "requests": [
                 {"id": record["id"], "turn": turn["turn"],
-                 "tau": statistics.fmean(lengths) if (lengths := _step_lengths(turn, tau_counts)) else None,
+                 "tau": request_tau(turn),
                  "ar_tpot_s": turn["ar"]["time_per_output_token_s"],
                  "spec_tpot_s": turn["spec"]["time_per_output_token_s"]}
                 for record in cell for turn in record["turns"]

@@ -36,7 +36,6 @@ import os
 import shlex
 import signal
 import socket
-import statistics
 import subprocess
 import sys
 import time
@@ -257,17 +256,10 @@ def drafter_block_size(drafter_dir: str | Path) -> int:
 
 def summarize_sglang(records: list[dict]) -> list[dict]:
     """``dpace.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
-    rows = summarize(records)
+    rows = summarize(records, request_tau=lambda turn: turn.get("spec_accept_length"))
     for row in rows:
-        cell = [r for r in records if (r["benchmark"], r["temperature"], r["verification"])
-                 == (row["benchmark"], row["temperature"], row["verification"])]
-        turns = [t for r in cell for t in r["turns"]]
-        per_request = [t["spec_accept_length"] for t in turns if t.get("spec_accept_length") is not None]
-        row["tau"] = statistics.fmean(per_request) if per_request else None
-        # The per-request taus the paired intervals resample follow the same definition.
-        by_turn = {(r["id"], t["turn"]): t.get("spec_accept_length") for r in cell for t in r["turns"]}
-        for request in row["requests"]:
-            request["tau"] = by_turn[(request["id"], request["turn"])]
+        turns = [t for r in records if (r["benchmark"], r["temperature"], r["verification"])
+                 == (row["benchmark"], row["temperature"], row["verification"]) for t in r["turns"]]
         if not all(t.get("has_histogram") for t in turns):
             row["acceptance_histogram"] = None
         row["engine"] = "sglang"

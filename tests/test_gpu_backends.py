@@ -668,3 +668,21 @@ def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):
     [row] = gpu_check.eval_results(tmp_path)
     assert (row["variant"], row["suite"], row["tau"], row["SR"], row["greedy_failures"]) == (
         "dpace-alpha0.5-d1-b4-e2", "full", 2.0, 1.0, 1)
+
+
+def test_sglang_rows_take_tau_from_sglangs_accept_length_not_from_step_lengths():
+    """SGLang's own accept length defines tau, for the row and for every request the intervals resample."""
+    from dpace.sglang_backend import summarize_sglang
+
+    def turn(turn_index, accept_length, lengths):
+        return {"turn": turn_index, "ar": {"time_per_output_token_s": 2.0},
+                "spec": {"time_per_output_token_s": 1.0, "num_output_tokens": sum(lengths)},
+                "acceptance_lengths": lengths, "spec_accept_length": accept_length, "has_histogram": True,
+                "greedy": None}
+
+    record = {"benchmark": "b", "id": "7", "temperature": 1.0, "verification": "hard-match", "prompt_index": 0,
+              "block_size": 4, "turns": [turn(0, 2.5, [1, 1]), turn(1, 3.5, [4, 4])]}
+    (row,) = summarize_sglang([record])
+    assert [r["tau"] for r in row["requests"]] == [2.5, 3.5]  # not the step-length means 1 and 4
+    assert row["tau"] == pytest.approx(3.0)
+    assert row["engine"] == "sglang"
