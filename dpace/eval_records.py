@@ -107,9 +107,7 @@ def summarize(
     or ``request_tau(turn)`` where the engine reports it itself (SGLang's accept length). The paired
     intervals resample the same per-request taus.
     """
-    if request_tau is None:
-        def request_tau(turn):
-            return _mean_step_length(turn, tau_counts)
+    request_tau = request_tau or (lambda turn: _mean_step_length(turn, tau_counts))
     if tau_counts not in TAU_COUNTS:
         raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
     cells: dict[tuple, list[dict]] = {}

@@ -14,7 +14,7 @@ from __future__ import annotations
 import json
 from pathlib import Path
 
-from dpace.io import atomic_write_json, atomic_write_jsonl
+from dpace.io import atomic_write_json, atomic_write_jsonl, read_jsonl
 
 STEPS_FILE = "steps.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -106,8 +106,7 @@ def write_records(out_dir: str | Path, rows: list[dict], summary: dict) -> None:
 
 def read_steps(drafter_dir: str | Path) -> list[dict]:
     """The rows of ``drafter_dir/steps.jsonl``."""
-    text = (Path(drafter_dir) / STEPS_FILE).read_text()
-    return [json.loads(line) for line in text.splitlines() if line.strip()]
+    return list(read_jsonl(Path(drafter_dir) / STEPS_FILE))
 
 
 def read_summary(drafter_dir: str | Path) -> dict:
