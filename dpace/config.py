@@ -201,6 +201,14 @@ def check_config(config: dict) -> None:
             f"train.drafter_init: {config['train']['drafter_init']!r} needs train.backend local "
             "(SpecForge initialises its drafter at random); valid with specforge: random"
         )
+    if config["train"].get("draft_vocab_size", 0):
+        engines = [f"{stage}.backend: {config[stage]['backend']}" for stage in ("train", "eval")
+                   if config[stage]["backend"] != "local"]
+        if engines:
+            raise ConfigError(
+                f"train.draft_vocab_size: {config['train']['draft_vocab_size']} needs the local backends "
+                f"(SpecForge and SGLang score the whole vocabulary), not {', '.join(engines)}; valid there: 0"
+            )
     for name in config["train"].get("objective_hparams", {}):
         if name not in REGISTRY:
             raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(REGISTRY)}")

@@ -50,6 +50,7 @@ import torch
 from torch.nn import functional as F
 from transformers import DynamicCache
 
+from dpace.drafter import draft_output_head
 from dpace.gpus import device_clock
 
 VERIFICATIONS = ("hard-match", "rejection")
@@ -278,7 +279,7 @@ def speculative_generate(
     sampling_draft = verification == "rejection" and temperature > 0
     stops = {int(t) for t in (stop_token_ids or ())}
     layer_ids = list(drafter.target_layer_ids)
-    head = _output_head(target)
+    head = draft_output_head(drafter.config, _output_head(target))  # -inf outside a draft vocabulary
     embed_weight = target.get_input_embeddings().weight
     embed_scale = float(_draft_value(drafter.config, "input_embedding_scale", 1.0))
 

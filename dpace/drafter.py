@@ -30,11 +30,13 @@ def drafter_config(
     block_size: int,
     target_layer_ids: list[int],
     mask_token_id: int,
+    draft_vocab: list[int] | None = None,
 ) -> Qwen3Config:
     """A Qwen3-style block drafter that shares the target's width, vocabulary and RoPE.
 
     The drafter reads the target's token embeddings and LM head, so its hidden size and
-    vocabulary must equal the target's; its depth is the paper's "3L"/"5L".
+    vocabulary must equal the target's; its depth is the paper's "3L"/"5L". ``draft_vocab``
+    (``dpace.draft_vocab``) restricts the tokens it proposes; it travels in the checkpoint's config.
     """
     if depth < 1:
         raise ValueError(f"drafter depth must be >= 1, got {depth}")
@@ -72,7 +74,27 @@ def drafter_config(
         "mask_token_id": int(mask_token_id),
     }
     config.architectures = ["DFlashDraftModel"]
+    if draft_vocab is not None:
+        bad = [i for i in draft_vocab if not 0 <= i < target_config.vocab_size]
+        if bad or not draft_vocab:
+            raise ValueError(f"draft_vocab must be ids in 0..{target_config.vocab_size - 1}; got {bad[:5] or 'none'}")
+        config.draft_vocab = [int(i) for i in draft_vocab]
     return config
+
+
+def draft_vocab_of(config: PretrainedConfig) -> list[int] | None:
+    """The drafter's draft vocabulary, or None when it proposes from the target's whole vocabulary."""
+    return getattr(config, "draft_vocab", None)
+
+
+def draft_output_head(config: PretrainedConfig, target_head):
+    """The head that turns the drafter's hidden states into logits over the target's vocabulary."""
+    vocab = draft_vocab_of(config)
+    if vocab is None:
+        return target_head
+    from dpace.draft_vocab import FullVocabDraftHead
+
+    return FullVocabDraftHead(target_head, vocab)
 
 
 def build_drafter(config: Qwen3Config, seed: int = 0, attention_backend: str = "sdpa"):

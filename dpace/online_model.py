@@ -18,6 +18,7 @@ from specforge.algorithms.common.dflash_family_model import (
 from specforge.core.chunking import checkpointed_chunk_reduce
 from torch import Tensor, nn
 
+from dpace.draft_vocab import DraftVocabHead
 from dpace.objectives import (
     ObjectiveTerms,
     canonical_objective,
@@ -34,7 +35,9 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
 
     ``objective_hparams`` are the objective's hyper-parameters (``gamma`` for dflash,
     ``alpha`` for the D-PACE family and dpakl, ``k`` for topk-prefix), validated and
-    defaulted once here by ``resolve_hparams``.
+    defaulted once here by ``resolve_hparams``. ``draft_vocab`` (target token ids) scores the
+    draft vocabulary only (``dpace.draft_vocab``): block positions whose target token lies outside
+    it are unsupervised, and objectives that read the target's distribution see it restricted to it.
     """
 
     def __init__(
@@ -49,6 +52,7 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         objective: str = "dflash",
         normalization: str | None = None,
         objective_chunk_blocks: int = 128,
+        draft_vocab: list[int] | None = None,
         **objective_hparams,
     ):
         objective = canonical_objective(objective)
@@ -71,6 +75,8 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         self.objective = objective
         self.objective_hparams = hparams
         self.normalization = normalization
+        if draft_vocab is not None:
+            self.lm_head = DraftVocabHead(target_lm_head, draft_vocab)
 
     @property
     def needs_target_logits(self) -> bool:
@@ -82,7 +88,8 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         """z* and validity per block position, plus the sequence index each position predicts.
 
         Block position k of an anchor a predicts token a+k; it is supervised when k >= 1, the
-        block was kept, a+k is inside the sequence and loss_mask[a+k] is set.
+        block was kept, a+k is inside the sequence and loss_mask[a+k] is set (and, with a draft
+        vocabulary, the token is in it; z* is then its index there).
         """
         batch_size, seq_len = input_ids.shape
         offsets = torch.arange(self.block_size, device=input_ids.device)
@@ -92,6 +99,9 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         target_ids = input_ids.gather(1, flat).view_as(safe_indices)
         supervised = loss_mask.gather(1, flat).view_as(safe_indices) > 0.5
         valid = block_keep_mask.unsqueeze(-1) & (label_indices < seq_len) & (offsets > 0) & supervised
+        if isinstance(self.lm_head, DraftVocabHead):
+            target_ids, in_vocab = self.lm_head.draft_index(target_ids)
+            valid = valid & in_vocab
         return target_ids, valid, safe_indices
 
     @staticmethod

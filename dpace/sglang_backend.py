@@ -251,6 +251,12 @@ def drafter_block_size(drafter_dir: str | Path) -> int:
     size = config.get("block_size") or (config.get("dflash_config") or {}).get("block_size")
     if not size:
         raise ValueError(f"{drafter_dir}/config.json has no block_size: not a DFlash drafter")
+    if config.get("draft_vocab") is not None:
+        # SGLang's DFLASH worker scores the target's whole vocabulary with the target's LM head.
+        raise ValueError(
+            f"{drafter_dir} proposes from a pruned draft vocabulary (train.draft_vocab_size), which SGLang's "
+            "DFLASH worker does not read; evaluate it with eval.backend local, or train with draft_vocab_size 0"
+        )
     return int(size)
 
 

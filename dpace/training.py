@@ -30,6 +30,7 @@ from dpace.drafter import (
     save_drafter,
     scale_fc_to_features,
 )
+from dpace.draft_vocab import select_draft_vocab
 from dpace.features import FeatureSet, load_features, target_hidden_states
 from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, read_partial_jsonl
@@ -69,6 +70,10 @@ class TrainConfig:
     # "random" as the paper; "target" starts the layers from the target's top layers (a named
     # deviation for short CPU runs, applied to every objective alike: dpace.drafter.initialise_from_target).
     drafter_init: str = "random"
+    # 0: the drafter proposes from the target's whole vocabulary (the paper). N > 0: from the N tokens
+    # most frequent in the training responses only, a named deviation that makes a CPU step ~5x
+    # cheaper (dpace.draft_vocab); applied to every objective alike.
+    draft_vocab_size: int = 0
 
 
 def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
@@ -153,6 +158,8 @@ def train_drafter(
         raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
     if config.drafter_init not in DRAFTER_INITS:
         raise ValueError(f"drafter_init {config.drafter_init!r}; valid: {', '.join(DRAFTER_INITS)}")
+    if config.draft_vocab_size < 0:
+        raise ValueError(f"draft_vocab_size must be >= 0 (0: the target's whole vocabulary), got {config.draft_vocab_size}")
     if config.attention_backend not in ATTENTION_BACKENDS:
         raise ValueError(f"attention_backend {config.attention_backend!r}; valid: {', '.join(ATTENTION_BACKENDS)}")
     device = torch.device(config.device)
@@ -188,12 +195,17 @@ def train_drafter(
     if needs_target and not online and features.last_hidden is None:
         raise ValueError(f"objective {objective!r} needs the target's last hidden states; features lack them")
 
+    draft_vocab = None
+    if config.draft_vocab_size:
+        draft_vocab = select_draft_vocab(features.input_ids[features.loss_mask > 0], config.draft_vocab_size,
+                                         target.config.vocab_size)
     draft_config = drafter_config(
         target.config,
         depth=config.depth,
         block_size=config.block_size,
         target_layer_ids=features.layer_ids,
         mask_token_id=mask_token_id,
+        draft_vocab=draft_vocab,
     )
     drafter = build_drafter(draft_config, seed=config.seed, attention_backend=config.attention_backend)
     if config.drafter_init == "target":
@@ -214,6 +226,7 @@ def train_drafter(
         objective=objective,
         normalization=config.normalization,
         objective_chunk_blocks=config.objective_chunk_blocks,
+        draft_vocab=draft_vocab,
         **hparams,
     )
     optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)

@@ -121,6 +121,15 @@ def test_drafter_init_from_the_target_needs_the_local_loop():
         validate_config(_set(local, "train.backend", "specforge"))
 
 
+def test_a_draft_vocabulary_needs_the_local_backends():
+    pruned = _set(SMOKE, "train.draft_vocab_size", 64)
+    validate_config(pruned)
+    for key, engine in (("train.backend", "specforge"), ("eval.backend", "sglang")):
+        with pytest.raises(ConfigError, match=rf"train\.draft_vocab_size: 64 needs the local backends .*{key}: {engine}"):
+            validate_config(_set(pruned, key, engine))
+    validate_config(_set(_set(SMOKE, "train.draft_vocab_size", 0), "train.backend", "specforge"))
+
+
 def test_table_1_checkpoint_readings():
     final = experiments(_set(PAPER, "experiments.main.checkpoint", "final"))["main"]
     assert final.eval_epoch is None and {v.epochs for v in final.variants} == {6}

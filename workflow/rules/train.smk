@@ -29,6 +29,7 @@ rule train_drafter:
         precision=config["train"]["precision"],
         attention_backend=config["train"]["attention_backend"],
         drafter_init=config["train"]["drafter_init"],
+        draft_vocab_size=config["train"]["draft_vocab_size"],
         seed=config["seed"],
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",

@@ -49,6 +49,7 @@ elif params.backend == "local":
             precision=params.precision,
             attention_backend=params.attention_backend,
             drafter_init=params.drafter_init,
+            draft_vocab_size=params.draft_vocab_size,
             threads=snakemake.threads,
             device="cuda" if ids and torch.cuda.is_available() else "cpu",
         )
