@@ -26,7 +26,7 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
     from safetensors.torch import load_file
     from transformers import Qwen3Config
 
-    from dpace.drafter import build_drafter
+    from dpace.drafter import build_drafter, draft_output_head
     from dpace.online_model import ObjectiveDFlashModel
     from dpace.training import padded_micro_batches
 
@@ -34,7 +34,8 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
     drafter = build_drafter(config)
     drafter.load_state_dict(load_file(str(checkpoint / "model.safetensors")))
     model = ObjectiveDFlashModel(
-        draft_model=drafter, target_lm_head=target.lm_head, target_embed_tokens=target.get_input_embeddings(),
+        # A drafter with a draft vocabulary is scored as it decodes: tokens outside it have q = 0.
+        draft_model=drafter, target_lm_head=draft_output_head(config, target.lm_head), target_embed_tokens=target.get_input_embeddings(),
         mask_token_id=config.dflash_config["mask_token_id"], block_size=block_size, num_anchors=num_anchors,
         objective="dflash",
     ).eval()
@@ -73,6 +74,7 @@ def run(args) -> dict:
         num_anchors=args.num_anchors, epochs=args.epochs, learning_rate=args.learning_rate,
         precision=args.precision, drafter_init=args.drafter_init, micro_batch_size=args.micro_batch_size,
         grad_accumulation=args.grad_accumulation, threads=args.threads, save_every_steps=10**9,
+        draft_vocab_size=args.draft_vocab_size,
     )
     out = Path(args.work_dir) / args.name
     started = time.perf_counter()
@@ -134,6 +136,7 @@ if __name__ == "__main__":
     parser.add_argument("--micro-batch-size", type=int, default=2)
     parser.add_argument("--grad-accumulation", type=int, default=2)
     parser.add_argument("--drafter-init", default="random")
+    parser.add_argument("--draft-vocab-size", type=int, default=0, help="0: the whole vocabulary (the paper)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--note", help="a remark stored with the record (e.g. what else ran on the machine)")
     parser.add_argument("--work-dir", default="/tmp/dpace-learning-curve")

@@ -9,7 +9,8 @@ One module per concern; none of them knows about Snakemake:
 - ``generation``   stage 3, responses: the target answers the training prompts (transformers on CPU,
                    SGLang on GPU)
 - ``features``     cached target hidden states for drafter training
-- ``training``     the drafter training loop (``training_records``: its steps.jsonl and summary.json)
+- ``training``     the drafter training loop (``training_records``: its steps.jsonl and summary.json;
+                   ``draft_vocab``: the optional pruned draft vocabulary)
 - ``decoding``     speculative and autoregressive decoding with per-block records
 - ``evaluation``   tau / speedup on the six benchmarks
 - ``tables``, ``figures``  rendering the paper's tables and figures from a tidy metrics CSV

@@ -22,6 +22,7 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
+from dpace.draft_vocab import select_draft_vocab
 from dpace.drafter import (
     DRAFTER_INITS,
     build_drafter,
@@ -30,7 +31,6 @@ from dpace.drafter import (
     save_drafter,
     scale_fc_to_features,
 )
-from dpace.draft_vocab import select_draft_vocab
 from dpace.features import FeatureSet, load_features, target_hidden_states
 from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, read_partial_jsonl

@@ -45,9 +45,8 @@ def test_heads_give_the_targets_logits_on_the_draft_vocabulary_and_nothing_elsew
 
 
 def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it():
-    from tests.test_online_model import MASK_TOKEN, VOCAB, batch, run, tiny_modules
-
     from dpace.online_model import ObjectiveDFlashModel
+    from tests.test_online_model import MASK_TOKEN, VOCAB, batch, run, tiny_modules
 
     def wrapper(draft_vocab):
         draft, lm_head, embed = tiny_modules()
@@ -89,12 +88,11 @@ def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it(
 
 
 def test_trained_checkpoint_carries_its_draft_vocabulary(tmp_path, tiny_target_json):
-    from tests.test_training import CONVERSATIONS, small_config
-
     from dpace.drafter import draft_vocab_of, load_drafter
     from dpace.features import compute_features, load_features
     from dpace.io import atomic_write_jsonl
     from dpace.training import train_drafter
+    from tests.test_training import CONVERSATIONS, small_config
 
     atomic_write_jsonl(tmp_path / "conversations.jsonl", CONVERSATIONS)
     compute_features(tiny_target_json, tmp_path / "conversations.jsonl", tmp_path / "features", layer_ids=[1, 3],
@@ -115,9 +113,8 @@ def test_trained_checkpoint_carries_its_draft_vocabulary(tmp_path, tiny_target_j
 
 def test_decoding_proposes_only_draft_vocabulary_tokens_and_stays_lossless(monkeypatch):
     import dpace.decoding as decoding
-    from tests.test_decoding import BLOCK, MASK, STOPS, greedy, tiny_drafter, tiny_target
-
     from dpace.drafter import drafter_config
+    from tests.test_decoding import BLOCK, MASK, STOPS, greedy, tiny_drafter, tiny_target
 
     target = tiny_target()
     torch.set_num_threads(1)
