@@ -130,6 +130,18 @@ def test_a_draft_vocabulary_needs_the_local_backends():
     validate_config(_set(_set(SMOKE, "train.draft_vocab_size", 0), "train.backend", "specforge"))
 
 
+def test_the_paper_config_merged_into_the_default_keeps_the_whole_vocabulary():
+    """`--configfile workflow/configs/paper.yaml` merges into config.yaml, whose draft vocabulary is a
+    CPU deviation: the paper config must turn it off itself."""
+    from snakemake.utils import update_config
+
+    merged = yaml.safe_load((REPO / "config.yaml").read_text())
+    assert merged["train"]["draft_vocab_size"] > 0
+    update_config(merged, copy.deepcopy(PAPER))
+    assert merged["train"]["draft_vocab_size"] == 0
+    validate_config(merged)
+
+
 def test_table_1_checkpoint_readings():
     final = experiments(_set(PAPER, "experiments.main.checkpoint", "final"))["main"]
     assert final.eval_epoch is None and {v.epochs for v in final.variants} == {6}
