@@ -107,10 +107,13 @@ def plot(record_path: str, out: str) -> None:
 
     records = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
     fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
-    for record in records:
+    tab20 = plt.get_cmap("tab20").colors
+    palette = tab20[::2] + tab20[1::2]  # more curves than the default cycle's 10 colours
+    for index, record in enumerate(records):
         minutes = [0.0] + [point["train_minutes"] for point in record["curve"]]
-        left.plot(minutes, [1.0] + [p["tau_proxy"] for p in record["curve"]], marker="o", label=record["name"])
-        right.plot(minutes, [0.0] + [p["accuracy"] for p in record["curve"]], marker="o", label=record["name"])
+        style = {"marker": "o", "label": record["name"], "color": palette[index % len(palette)]}
+        left.plot(minutes, [1.0] + [p["tau_proxy"] for p in record["curve"]], **style)
+        right.plot(minutes, [0.0] + [p["accuracy"] for p in record["curve"]], **style)
     left.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out tau proxy (T=0, teacher-forced)")
     right.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out accuracy (positions 1..B-1)")
     left.legend(fontsize=7)
