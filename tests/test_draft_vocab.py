@@ -101,8 +101,9 @@ def test_trained_checkpoint_carries_its_draft_vocabulary(tmp_path, tiny_target_j
     responses = features.input_ids[features.loss_mask > 0]
     summary = train_drafter(small_config(draft_vocab_size=6, epochs=1), target_json=tiny_target_json,
                             features_dir=tmp_path / "features", out_dir=tmp_path / "run", scratch_dir=tmp_path / "s")
-    vocab = draft_vocab_of(load_drafter(tmp_path / "run" / "epoch-1").config)
-    assert vocab == select_draft_vocab(responses, 6, load_drafter(tmp_path / "run" / "epoch-1").config.vocab_size)
+    saved = load_drafter(tmp_path / "run" / "epoch-1").config
+    vocab = draft_vocab_of(saved)
+    assert vocab == select_draft_vocab(responses, 6, saved.vocab_size)
     counts = torch.bincount(responses.long())
     assert min(counts[vocab]) >= max(c for i, c in enumerate(counts.tolist()) if i not in vocab)
     assert summary["config"]["draft_vocab_size"] == 6
