@@ -65,6 +65,9 @@ def run(args) -> dict:
     features = load_features(run_dir / "features" / args.target / args.dataset)
     split = len(features) - args.heldout
     train_set, heldout = features.select(range(split)), features.select(range(split, len(features)))
+    if args.train_sequences:  # how tau grows with data: the first N training answers, same held-out set
+        split = min(args.train_sequences, split)
+        train_set = features.select(range(split))
     if args.fit_on:  # can the drafter fit a few answers at all? Train and score on the same ones.
         split = args.fit_on
         train_set = heldout = features.select(range(args.fit_on))
@@ -127,6 +130,7 @@ if __name__ == "__main__":
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--dataset", default="sharegpt")
     parser.add_argument("--heldout", type=int, default=32)
+    parser.add_argument("--train-sequences", type=int, default=0, help="train on the first N answers only (0: all)")
     parser.add_argument("--fit-on", type=int, help="train on the first N answers and score on the same N")
     parser.add_argument("--name", default="dflash")
     parser.add_argument("--objective", default="dflash")

@@ -1,7 +1,7 @@
 """Emitted length tau and wall-clock speedup SR of a drafter on benchmark prompts, as DFlash measures them.
 
-For every benchmark, temperature and prompt, the target decodes autoregressively and then
-speculatively in the same process (after one short warm-up). Every turn of a prompt is one request:
+For every benchmark, temperature and prompt, the target decodes speculatively with the drafter and
+autoregressively on its own (after one short warm-up). Every turn of a prompt is one request:
 
 * SR  = mean autoregressive time per output token / mean speculative time per output token,
 * tau = mean over requests of the request's mean emitted length per step (bonus included),
@@ -16,6 +16,12 @@ answer to the previous one, as DFlash's benchmark does. At T = 0 the speculative
 token for token with the greedy one. Generated text (HumanEval/MBPP code included) is only ever
 decoded to text for the next turn's prompt, never executed.
 
+The autoregressive half does not depend on the drafter. ``measure_baseline`` runs it once per target
+and every drafter's evaluation reads it (``baseline_path``), so all drafters are compared against the
+same baseline times: their SR differences then come from their own decoding only, not from the
+baseline's run-to-run jitter, and each evaluation skips about a third of its work. Without a
+baseline file each evaluation times the target itself, prompt by prompt, in the same process.
+
 The job is resumable: one record per finished prompt is appended to ``records_path`` and prompts
 already recorded are skipped on a rerun; the summary (JSON) and per-block table (CSV) are written
 atomically from all records at the end.
@@ -27,6 +33,7 @@ import csv
 import io
 import zlib
 from collections.abc import Iterable
+from functools import partial
 from pathlib import Path
 
 import torch
@@ -52,7 +59,13 @@ from dpace.eval_records import (  # noqa: F401 (re-exported: the evaluation's pu
     select_records,
     summarize,
 )
-from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, read_partial_jsonl
+from dpace.io import (
+    JsonlAppender,
+    atomic_write_json,
+    atomic_write_jsonl,
+    atomic_write_text,
+    read_partial_jsonl,
+)
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
 
 
@@ -75,19 +88,42 @@ def _timing(result) -> dict:
     }
 
 
+def _prompt_fingerprint(prompt_ids) -> int:
+    """Identifies a turn's prompt tokens, so that a baseline turn is only compared with the same prompt."""
+    return zlib.crc32(repr([int(t) for t in prompt_ids]).encode())
+
+
+def _autoregressive(target, prompt_ids, temperature, request_seed, *, stops, max_new_tokens, device):
+    return autoregressive_generate(
+        target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
+        temperature=temperature, generator=_generator(device, request_seed),
+    )
+
+
 def _evaluate_prompt(
     row, prompt_index, benchmark, temperature, verification, *, target, drafter, tokenizer, stops,
-    max_new_tokens, seed, check_greedy, device, decode_clock,
+    max_new_tokens, seed, check_greedy, device, decode_clock, baseline: dict | None = None,
 ) -> dict:
+    """Decode every turn of ``row`` speculatively; the autoregressive times and greedy tokens come from
+    ``baseline`` (that row's ``measure_baseline`` record) when given, else from decoding here."""
     messages, turns = [], []
     for turn_index, text in enumerate(row["turns"]):
         messages.append({"role": "user", "content": text})
         prompt_ids = chat_prompt_ids(tokenizer, messages)
         request_seed = _seed_for(seed, benchmark, str(row["id"]), turn_index, float(temperature))
-        ar = autoregressive_generate(
-            target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
-            temperature=temperature, generator=_generator(device, request_seed),
-        )
+        run_ar = partial(_autoregressive, target, prompt_ids, temperature, request_seed, stops=stops,
+                         max_new_tokens=max_new_tokens, device=device)
+        greedy_ids = None
+        if baseline is None:
+            ar = run_ar()
+            ar_timing, greedy_ids = _timing(ar), ar.new_token_ids
+        else:
+            base_turn = baseline["turns"][turn_index]
+            ar_timing = base_turn["ar"]
+            # A later turn's prompt holds the speculative answer to the one before; it is the baseline's
+            # own answer unless the two parted (a near-tie in bf16), and only then the tokens differ.
+            if base_turn["prompt_fingerprint"] == _prompt_fingerprint(prompt_ids):
+                greedy_ids = base_turn["new_token_ids"]
         spec = speculative_generate(
             drafter, target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
             temperature=temperature, verification=verification,
@@ -95,7 +131,7 @@ def _evaluate_prompt(
         )
         turn = {
             "turn": turn_index,
-            "ar": _timing(ar),
+            "ar": ar_timing,
             "spec": _timing(spec),
             "acceptance_lengths": spec.acceptance_lengths,
             "block_lengths": spec.block_lengths,
@@ -103,7 +139,9 @@ def _evaluate_prompt(
             "greedy": None,
         }
         if temperature == 0 and check_greedy:
-            turn["greedy"] = compare_to_greedy(spec.new_token_ids, ar.new_token_ids, target, prompt_ids)
+            if greedy_ids is None:  # this prompt is not the baseline's: its greedy answer is decoded here
+                greedy_ids = run_ar().new_token_ids
+            turn["greedy"] = compare_to_greedy(spec.new_token_ids, greedy_ids, target, prompt_ids)
         turns.append(turn)
         messages.append({"role": "assistant", "content": tokenizer.decode(spec.new_token_ids, skip_special_tokens=True)})
     return {
@@ -120,15 +158,114 @@ def _evaluate_prompt(
     }
 
 
-def _warm_up(target, drafter, tokenizer, stops, text, temperatures, verification, device) -> None:
+def _warm_up(target, drafter, tokenizer, stops, text, temperatures, verification, device, *, autoregressive=True) -> None:
     """One short untimed run per temperature, so first-call costs stay out of the measurements."""
     prompt_ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
     for temperature in sorted(set(temperatures)):
         generator = _generator(device, 0)
-        autoregressive_generate(target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
-                                temperature=temperature, generator=generator)
-        speculative_generate(drafter, target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
-                             temperature=temperature, verification=verification, generator=generator)
+        if autoregressive:
+            autoregressive_generate(target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
+                                    temperature=temperature, generator=generator)
+        if drafter is not None:
+            speculative_generate(drafter, target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
+                                 temperature=temperature, verification=verification, generator=generator)
+
+
+def _pending(plan, records, verification) -> dict[tuple[str, float], list[tuple[int, dict]]]:
+    """The plan's requests not yet in ``records``, grouped by (benchmark, temperature)."""
+    done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in records}
+    todo: dict[tuple[str, float], list[tuple[int, dict]]] = {}
+    for name, temperature, index, row in plan:
+        pending = todo.setdefault((name, temperature), [])
+        if record_key(name, temperature, verification, row["id"]) not in done:
+            pending.append((index, row))
+    return todo
+
+
+def _progress(plan, name, temperature, pending):
+    total = sum(1 for b, t, _, _ in plan if (b, t) == (name, temperature))
+    return tqdm(pending, total=total, initial=total - len(pending), desc=f"{name} T={temperature:g}", unit="prompt")
+
+
+def _check_made(records, records_path, **made) -> None:
+    """Refuse a records file written with other decoding settings (its prompts would mix two runs)."""
+    for record in records:
+        theirs = {key: record.get(key, "after-prefill" if key == "decode_clock" else None) for key in made}
+        if theirs != made:
+            def listed(settings):
+                return ", ".join(f"{key}={value}" for key, value in settings.items())
+            raise ValueError(f"{records_path} holds records made with {listed(theirs)}; this run asks for "
+                             f"{listed(made)}: use a new records file")
+
+
+# The baseline's records are keyed like an evaluation's, with this in place of a verification rule.
+BASELINE = "autoregressive"
+
+
+def measure_baseline(
+    target_json,
+    benchmark_files: dict[str, str | Path],
+    *,
+    temperatures,
+    max_new_tokens: int,
+    seed: int,
+    records_path,
+    out_path,
+    device: str = "cpu",
+    dtype: str | torch.dtype = "float32",
+    sampled_prompts: int | None = None,
+) -> list[dict]:
+    """Time the target decoding alone on every request of the evaluation plan; write ``out_path``.
+
+    One record per (benchmark, temperature, prompt), as ``evaluate_drafter`` plans them, each turn
+    after the target's own answer to the one before. Per turn: its prompt's fingerprint, the timing
+    and the new tokens (the greedy reference of the lossless check at T = 0). Request seeds are the
+    ones ``evaluate_drafter`` gives its in-process baseline, so both sample the same answers.
+    Resumable through ``records_path`` like ``evaluate_drafter``.
+    """
+    dtype_name = str(dtype).removeprefix("torch.")
+    benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
+    temperatures = [float(t) for t in temperatures]
+    plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
+    records = read_partial_jsonl(records_path)
+    _check_made(records, records_path, max_new_tokens=max_new_tokens, seed=seed, dtype=dtype_name)
+    todo = _pending(plan, records, BASELINE)
+    if any(todo.values()):
+        target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
+        stops = stop_token_ids(tokenizer)
+        first_row = next(row for pending in todo.values() for _, row in pending)
+        _warm_up(target, None, tokenizer, stops, first_row["turns"][0], temperatures, BASELINE, device)
+        with JsonlAppender(records_path) as appender:
+            for (name, temperature), pending in todo.items():
+                for index, row in _progress(plan, name, temperature, pending):
+                    messages, turns = [], []
+                    for turn_index, text in enumerate(row["turns"]):
+                        messages.append({"role": "user", "content": text})
+                        prompt_ids = chat_prompt_ids(tokenizer, messages)
+                        request_seed = _seed_for(seed, name, str(row["id"]), turn_index, temperature)
+                        ar = _autoregressive(target, prompt_ids, temperature, request_seed, stops=stops,
+                                             max_new_tokens=max_new_tokens, device=device)
+                        turns.append({"turn": turn_index, "prompt_fingerprint": _prompt_fingerprint(prompt_ids),
+                                      "ar": _timing(ar), "new_token_ids": ar.new_token_ids})
+                        messages.append({"role": "assistant",
+                                         "content": tokenizer.decode(ar.new_token_ids, skip_special_tokens=True)})
+                    record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index,
+                              "temperature": temperature, "verification": BASELINE, "max_new_tokens": max_new_tokens,
+                              "seed": seed, "dtype": dtype_name, "turns": turns}
+                    appender.write(record)
+                    records.append(record)
+    selected = select_records(records, plan, BASELINE)
+    atomic_write_jsonl(out_path, selected)
+    return selected
+
+
+def load_baseline(path, *, max_new_tokens: int, seed: int, dtype: str | torch.dtype) -> tuple[int, dict[tuple, dict]]:
+    """A checksum of a ``measure_baseline`` file (evaluation records remember which baseline they were
+    timed against) and its records by (benchmark, temperature, id)."""
+    path = Path(path)
+    records = read_partial_jsonl(path)
+    _check_made(records, path, max_new_tokens=max_new_tokens, seed=seed, dtype=str(dtype).removeprefix("torch."))
+    return zlib.crc32(path.read_bytes()), {(r["benchmark"], float(r["temperature"]), r["id"]): r for r in records}
 
 
 def blocks_csv(records: Iterable[dict]) -> str:
@@ -167,8 +304,12 @@ def evaluate_drafter(
     decode_clock: str = "after-first-draft",
     tau_counts: str = "accepted-plus-bonus",
     tie_margin: float = GREEDY_TIE_MARGIN,
+    baseline_path: str | Path | None = None,
 ) -> list[dict]:
     """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
+
+    ``baseline_path``: a ``measure_baseline`` file with the same plan, ``max_new_tokens``, seed and
+    dtype, whose times and greedy tokens stand for the autoregressive half (None: decode it here).
 
     Target and drafter run in ``dtype`` ("float32" or "bfloat16"; in bf16, batched and one-token
     forwards round differently, so greedy outputs can part at near-ties: divergences below
@@ -181,22 +322,18 @@ def evaluate_drafter(
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
-    records = read_partial_jsonl(records_path)
-    done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in records}
-    for record in records:
-        made = (record["max_new_tokens"], record["seed"], record.get("decode_clock", "after-prefill"))
-        if made != (max_new_tokens, seed, decode_clock):
-            raise ValueError(
-                f"{records_path} holds records made with max_new_tokens={made[0]}, seed={made[1]}, "
-                f"decode_clock={made[2]}; this run asks for {max_new_tokens}, {seed}, {decode_clock}: "
-                "use a new records file"
-            )
     plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
-    todo: dict[tuple[str, float], list[tuple[int, dict]]] = {}
-    for name, temperature, index, row in plan:
-        pending = todo.setdefault((name, temperature), [])
-        if record_key(name, temperature, verification, row["id"]) not in done:
-            pending.append((index, row))
+    baseline_id, baseline = None, None
+    if baseline_path is not None:
+        baseline_id, baseline = load_baseline(baseline_path, max_new_tokens=max_new_tokens, seed=seed, dtype=dtype)
+        missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in baseline]
+        if missing:
+            raise ValueError(f"{baseline_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
+    records = read_partial_jsonl(records_path)
+    _check_made(records, records_path, max_new_tokens=max_new_tokens, seed=seed, decode_clock=decode_clock)
+    # Records timed against another baseline (or none) are stale: their prompts are decoded again.
+    records = [r for r in records if r.get("ar_baseline") == baseline_id]
+    todo = _pending(plan, records, verification)
 
     if any(todo.values()):
         target, tokenizer = load_target(target_json, device=device, dtype=dtype)
@@ -204,21 +341,23 @@ def evaluate_drafter(
         check_drafter_matches_target(drafter.config, target.config)
         stops = stop_token_ids(tokenizer)
         first_row = next(row for pending in todo.values() for _, row in pending)
-        _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device)
+        _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device,
+                 autoregressive=baseline is None)
         with JsonlAppender(records_path) as appender:
             for (name, temperature), pending in todo.items():
-                total = sum(1 for b, t, _, _ in plan if (b, t) == (name, temperature))
-                bar = tqdm(pending, total=total, initial=total - len(pending), desc=f"{name} T={temperature:g}",
-                           unit="prompt")
-                for index, row in bar:
+                for index, row in _progress(plan, name, temperature, pending):
+                    base = None if baseline is None else baseline[(name, temperature, str(row["id"]))]
+                    if base is not None and base["turns"][0]["prompt_fingerprint"] != _prompt_fingerprint(
+                            chat_prompt_ids(tokenizer, [{"role": "user", "content": row["turns"][0]}])):
+                        raise ValueError(f"{baseline_path} timed another prompt for {name} {row['id']}")
                     record = _evaluate_prompt(
                         row, index, name, temperature, verification, target=target, drafter=drafter,
                         tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
-                        check_greedy=check_greedy, device=device, decode_clock=decode_clock,
+                        check_greedy=check_greedy, device=device, decode_clock=decode_clock, baseline=base,
                     )
+                    record["ar_baseline"] = baseline_id
                     appender.write(record)
                     records.append(record)
-                bar.close()
 
     selected = select_records(records, plan, verification)
     summary = summarize(selected, tau_counts=tau_counts, tie_margin=tie_margin)

@@ -21,6 +21,7 @@ from dpace.io import atomic_folder, atomic_write_json, read_jsonl
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
 
 STORE_DTYPE = torch.bfloat16
+SORT_WINDOW_BATCHES = 8
 # SpecForge's DFlash recipe drops a sequence with fewer response tokens than this after truncation
 # (specforge.algorithms.model_providers.dflash_min_loss_tokens).
 MIN_LOSS_TOKENS = 2
@@ -104,11 +105,16 @@ def compute_features(
     batch_size: int = 8,
     shard_tokens: int = 2_000_000,
     device: str = "cpu",
+    dtype: str = "float32",
 ) -> dict:
-    """Write ``out_dir/index.json`` and shards; returns counts. ``mode="online"`` stores only tokens."""
+    """Write ``out_dir/index.json`` and shards; returns counts. ``mode="online"`` stores only tokens.
+
+    ``dtype``: the target's precision in this forward pass (bfloat16 is SpecForge's, and ~2x faster on
+    CPUs with AMX); features are stored in bf16 either way.
+    """
     if mode not in ("cached", "online"):
         raise ValueError(f"features.mode must be 'cached' or 'online', got {mode!r}")
-    target, tokenizer = load_target(target_json, device=device)
+    target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, dtype))
     if layer_ids is None:
         layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
     bad = [i for i in layer_ids if not 0 <= i < target.config.num_hidden_layers]
@@ -162,32 +168,42 @@ def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_las
         shards.append(name)
         pending, pending_tokens = [], 0
 
-    for start in tqdm(range(0, len(sequences), batch_size), desc="features", unit="batch"):
-        batch = sequences[start : start + batch_size]
+    # Sequences of similar length share a batch (less padding to compute), within windows of a few
+    # batches so that memory stays bounded; each window is stored in the conversations' order.
+    window = batch_size * SORT_WINDOW_BATCHES
+    progress = tqdm(total=len(sequences), desc="features", unit="seq")
+    for window_start in range(0, len(sequences), window):
+        chunk = sequences[window_start : window_start + window]
         records = [
             {"input_ids": torch.tensor(ids, dtype=torch.int32), "loss_mask": torch.tensor(mask, dtype=torch.uint8)}
-            for ids, mask in batch
+            for ids, mask in chunk
         ]
-        if mode == "cached":
-            width = max(len(ids) for ids, _ in batch)
-            input_ids = torch.zeros((len(batch), width), dtype=torch.long)
-            attention = torch.zeros((len(batch), width), dtype=torch.long)
-            for i, (ids, _) in enumerate(batch):
-                input_ids[i, : len(ids)] = torch.tensor(ids)
-                attention[i, : len(ids)] = 1
-            with torch.inference_mode():
-                hidden, last = target_hidden_states(
-                    target, input_ids.to(device), attention.to(device), layer_ids, with_last_hidden
-                )
-            for i, (ids, _) in enumerate(batch):
-                records[i]["hidden"] = hidden[i, : len(ids)].to("cpu", STORE_DTYPE)
-                if last is not None:
-                    records[i]["last_hidden"] = last[i, : len(ids)].to("cpu", STORE_DTYPE)
+        by_length = sorted(range(len(chunk)), key=lambda i: len(chunk[i][0]))
+        for start in range(0, len(chunk), batch_size):
+            batch = by_length[start : start + batch_size]
+            if mode == "cached":
+                width = max(len(chunk[i][0]) for i in batch)
+                input_ids = torch.zeros((len(batch), width), dtype=torch.long)
+                attention = torch.zeros((len(batch), width), dtype=torch.long)
+                for row, i in enumerate(batch):
+                    input_ids[row, : len(chunk[i][0])] = torch.tensor(chunk[i][0])
+                    attention[row, : len(chunk[i][0])] = 1
+                with torch.inference_mode():
+                    hidden, last = target_hidden_states(
+                        target, input_ids.to(device), attention.to(device), layer_ids, with_last_hidden
+                    )
+                for row, i in enumerate(batch):
+                    length = len(chunk[i][0])
+                    records[i]["hidden"] = hidden[row, :length].to("cpu", STORE_DTYPE)
+                    if last is not None:
+                        records[i]["last_hidden"] = last[row, :length].to("cpu", STORE_DTYPE)
+            progress.update(len(batch))
         for record in records:
             pending.append(record)
             pending_tokens += len(record["input_ids"])
-        if pending_tokens >= shard_tokens:
-            flush()
+            if pending_tokens >= shard_tokens:
+                flush()
+    progress.close()
     flush()
     index = {
         "mode": mode,

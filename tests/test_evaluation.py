@@ -330,3 +330,162 @@ def test_bf16_evaluation_loads_bf16_models_and_keeps_greedy_lossless(setup, tmp_
     for row in summary:
         assert row["greedy_failures"] == 0, row["greedy_divergences"]
         assert row["greedy_ties"] == len(row["greedy_divergences"])
+
+
+# ---------------------------------------------------------------------------
+# The shared autoregressive baseline (eval.baseline: shared)
+# ---------------------------------------------------------------------------
+
+
+def measure(setup, out, **overrides):
+    root, target_json, _, files = setup
+    kwargs = dict(temperatures=TEMPERATURES, max_new_tokens=MAX_NEW, seed=7, records_path=out / "baseline.records.jsonl",
+                  out_path=out / "baseline.jsonl") | overrides
+    return evaluation.measure_baseline(target_json, files, **kwargs)
+
+
+def run_with_baseline(setup, out, baseline_path):
+    root, target_json, drafter_dir, files = setup
+    return evaluate_drafter(
+        target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
+        max_new_tokens=MAX_NEW, seed=7, records_path=out / "records.jsonl",
+        summary_path=out / "summary.json", blocks_path=out / "blocks.csv", baseline_path=baseline_path,
+    )
+
+
+def rewrite_baseline(path, change):
+    records = [json.loads(line) for line in path.read_text().splitlines()]
+    for record in records:
+        change(record)
+    atomic_write_jsonl(path, records)
+
+
+@pytest.fixture(scope="module")
+def baseline(setup, tmp_path_factory):
+    out = tmp_path_factory.mktemp("baseline")
+    return out / "baseline.jsonl", measure(setup, out)
+
+
+def test_baseline_times_every_planned_request_after_its_own_answers(setup, baseline, first_run):
+    path, records = baseline
+    _, _, prompts = first_run
+    assert [(r["benchmark"], r["temperature"], r["id"]) for r in records] == [
+        (b, t, i) for b, ids in (("gsm8k", ("g0", "g1")), ("mt-bench", ("m0", "m1"))) for t in TEMPERATURES for i in ids]
+    for record in records:
+        assert len(record["turns"]) == (2 if record["benchmark"] == "mt-bench" else 1)
+        for turn in record["turns"]:
+            assert 1 <= len(turn["new_token_ids"]) <= MAX_NEW
+            assert turn["ar"]["time_per_output_token_s"] > 0
+    # at T=0 the target's own greedy answer is the speculative one, so the second-turn prompts agree
+    root, target_json, drafter_dir, files = setup
+    from dpace.targets import chat_prompt_ids, load_target
+
+    _, tokenizer = load_target(target_json)
+    first_turn = {m[0]["content"] for m in prompts if len(m) == 1}
+    assert first_turn == {"What is 2 + 3?", "A train leaves at noon. When does it arrive?", "Write a haiku.", "Name a color."}
+    for record in records:
+        assert record["turns"][0]["prompt_fingerprint"] == evaluation._prompt_fingerprint(
+            chat_prompt_ids(tokenizer, [{"role": "user", "content": setup_turns(files, record)[0]}]))
+
+
+def setup_turns(files, record):
+    rows = {row["id"]: row for row in load_benchmark(files[record["benchmark"]], record["benchmark"])}
+    return rows[record["id"]]["turns"]
+
+
+def test_evaluation_with_the_shared_baseline_decodes_only_the_drafter(setup, baseline, first_run, tmp_path, monkeypatch):
+    path, records = baseline
+    _, alone, _ = first_run
+    ar_calls = count_calls(monkeypatch, "autoregressive_generate")
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    shared = run_with_baseline(setup, tmp_path, path)
+    assert ar_calls == []  # no baseline decoding, not even a warm-up
+    assert len(spec_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in records)
+    for with_baseline, without in zip(shared, alone, strict=True):
+        # the drafter's side is the same decoding, seed for seed
+        for key in ("benchmark", "temperature", "tau", "acceptance_histogram", "num_output_tokens"):
+            assert with_baseline[key] == without[key], key
+        cell = [r for r in records if (r["benchmark"], r["temperature"]) == (with_baseline["benchmark"], with_baseline["temperature"])]
+        times = [t["ar"]["time_per_output_token_s"] for r in cell for t in r["turns"]]
+        assert with_baseline["ar_tpot_s"] == pytest.approx(sum(times) / len(times))
+        assert [q["ar_tpot_s"] for q in with_baseline["requests"]] == times
+        if with_baseline["temperature"] == 0:
+            assert with_baseline["greedy_mismatches"] == 0 and with_baseline["greedy_diverged_requests"] == 0
+
+
+def test_lossless_check_compares_with_the_baselines_tokens(setup, baseline, tmp_path):
+    path, _ = baseline
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(path.read_text())
+
+    def flip_first_greedy_token(record):
+        if record["id"] == "g0" and record["temperature"] == 0:
+            record["turns"][0]["new_token_ids"][0] += 1
+
+    rewrite_baseline(changed, flip_first_greedy_token)
+    summary = run_with_baseline(setup, tmp_path, changed)
+    (gsm8k,) = [r for r in summary if r["benchmark"] == "gsm8k" and r["temperature"] == 0]
+    assert gsm8k["greedy_diverged_requests"] == 1 and gsm8k["first_mismatch"]["id"] == "g0"
+    assert gsm8k["first_mismatch"]["first_mismatch"] == 0
+
+
+def test_a_prompt_the_baseline_did_not_see_is_checked_against_fresh_greedy_decoding(setup, baseline, tmp_path, monkeypatch):
+    """Second turns whose prompt is not the baseline's (the answers parted) get their greedy reference decoded."""
+    path, _ = baseline
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(path.read_text())
+
+    def forget_second_turn_prompts(record):
+        for turn in record["turns"][1:]:
+            turn["prompt_fingerprint"] += 1
+
+    rewrite_baseline(changed, forget_second_turn_prompts)
+    ar_calls = count_calls(monkeypatch, "autoregressive_generate")
+    summary = run_with_baseline(setup, tmp_path, changed)
+    assert ar_calls == [0.0, 0.0]  # the two MT-Bench second turns at T=0; at T=1 nothing is compared
+    assert all(r["greedy_mismatches"] == 0 for r in summary if r["temperature"] == 0)
+
+
+def test_records_timed_against_another_baseline_are_decoded_again(setup, baseline, tmp_path, monkeypatch):
+    path, records = baseline
+    first = run_with_baseline(setup, tmp_path, path)
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(path.read_text())
+    rewrite_baseline(changed, lambda r: [t["ar"].update(time_per_output_token_s=1.0) for t in r["turns"]])
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    again = run_with_baseline(setup, tmp_path, changed)
+    assert len(spec_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in records)
+    assert all(row["ar_tpot_s"] == 1.0 for row in again)
+    assert [r["tau"] for r in again] == [r["tau"] for r in first]
+    # and back to in-process timing: the baseline's records are stale too
+    spec_calls.clear()
+    run_with_baseline(setup, tmp_path, None)
+    assert len(spec_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in records)
+
+
+def test_a_baseline_of_other_settings_or_requests_is_refused(setup, baseline, tmp_path):
+    path, _ = baseline
+    root, target_json, drafter_dir, files = setup
+    with pytest.raises(ValueError, match="max_new_tokens"):
+        evaluate_drafter(
+            target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
+            max_new_tokens=MAX_NEW + 1, seed=7, records_path=tmp_path / "records.jsonl",
+            summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv", baseline_path=path,
+        )
+    partial = tmp_path / "partial.jsonl"
+    partial.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    with pytest.raises(ValueError, match="lacks 1 request"):
+        run_with_baseline(setup, tmp_path, partial)
+    assert not (tmp_path / "summary.json").exists()
+
+
+def test_baseline_resumes_without_decoding_again(setup, baseline, tmp_path, monkeypatch):
+    path, records = baseline
+    lines = (path.parent / "baseline.records.jsonl").read_text().splitlines(keepends=True)
+    (tmp_path / "baseline.records.jsonl").write_text("".join(lines[:5]) + lines[5][:30])
+    ar_calls = count_calls(monkeypatch, "autoregressive_generate")
+    resumed = measure(setup, tmp_path)
+    remaining = sum(len(r["turns"]) for r in records[5:])
+    assert len(ar_calls) == remaining + len(TEMPERATURES)
+    # per-request seeds: the resumed baseline samples the same answers
+    assert [[t["new_token_ids"] for t in r["turns"]] for r in resumed] == [[t["new_token_ids"] for t in r["turns"]] for r in records]

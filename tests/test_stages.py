@@ -93,6 +93,42 @@ def test_features_mask_the_assistant_tokens_and_match_a_direct_forward(tmp_path,
         torch.testing.assert_close(item["last_hidden"].float(), out.last_hidden_state[0], rtol=2e-2, atol=2e-2)
 
 
+@pytest.mark.parametrize("dtype", ["float32", "bfloat16"])
+def test_features_batched_by_length_keep_the_conversations_order(tmp_path, tiny_target_json, monkeypatch, dtype):
+    """Batches group similar lengths; every stored sequence is still its own conversation's forward."""
+    import dpace.features as features_module
+
+    model, tokenizer = load_target(tiny_target_json)
+    # longest first, so that length order is the reverse of the file's order
+    conversations = [
+        {"id": str(i), "conversations": [{"role": "user", "content": "question " * (12 - 2 * i)},
+                                         {"role": "assistant", "content": "answer " * (1 + i)}]}
+        for i in range(7)
+    ]
+    path = tmp_path / "conv.jsonl"
+    atomic_write_jsonl(path, conversations)
+    loaded, widths = [], []
+    original_load, original_forward = features_module.load_target, features_module.target_hidden_states
+    monkeypatch.setattr(features_module, "load_target", lambda *a, **k: loaded.append(k["dtype"]) or original_load(*a, **k))
+    monkeypatch.setattr(features_module, "target_hidden_states",
+                        lambda target, ids, *a: widths.append(ids.shape[1]) or original_forward(target, ids, *a))
+    compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1, 3], max_seq_length=256, batch_size=2,
+                     shard_tokens=40, dtype=dtype)
+    assert loaded == [getattr(torch, dtype)]
+    lengths = [len(tokenize_conversation(tokenizer, c, tokenizer.eos_token_id)[0]) for c in conversations]
+    assert widths == [max(pair) for pair in zip(*[iter(sorted(lengths) + [0])] * 2, strict=True)]
+    features = load_features(tmp_path / "f")
+    assert len(list((tmp_path / "f").glob("shard-*"))) > 1
+    tolerance = 2e-2 if dtype == "float32" else 1e-1
+    for i, conversation in enumerate(conversations):
+        item = features.sequence(i)
+        assert item["input_ids"].tolist() == tokenize_conversation(tokenizer, conversation, tokenizer.eos_token_id)[0]
+        with torch.no_grad():
+            out = model.model(item["input_ids"][None], output_hidden_states=True)
+        direct = torch.cat([out.hidden_states[2], out.hidden_states[4]], dim=-1)[0]
+        torch.testing.assert_close(item["hidden"].float(), direct, rtol=tolerance, atol=tolerance)
+
+
 def test_long_conversations_are_truncated_and_counted_not_dropped(tmp_path, tiny_target_json):
     _, tokenizer = load_target(tiny_target_json)
     short = {"id": "s", "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello"}]}

@@ -9,9 +9,50 @@ SUITES = {
     "blocks": {"benchmarks": ["math500"], "temperatures": [0.0], "backend": "local"},
 }
 
+# The target decoding alone does not depend on the drafter: with eval.baseline "shared" it is timed
+# once per target, on every request any suite plans, and each local evaluation reads it.
+BASELINE_BENCHMARKS = sorted({benchmark for suite in SUITES.values() for benchmark in suite["benchmarks"]})
+BASELINE_TEMPERATURES = sorted({temperature for suite in SUITES.values() for temperature in suite["temperatures"]})
+
+
+def eval_backend(wildcards):
+    return SUITES[wildcards.suite].get("backend", config["eval"]["backend"])
+
+
+def shared_baseline(wildcards):
+    if eval_backend(wildcards) == "local" and config["eval"]["baseline"] == "shared":
+        return {"baseline": f"{RESULTS}/eval/{wildcards.target}/autoregressive-baseline.jsonl"}
+    return {}
+
+
+rule autoregressive_baseline:
+    input:
+        target=f"{RESULTS}/targets/{{target}}/target.json",
+        benchmarks=expand(f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl", benchmark=BASELINE_BENCHMARKS),
+    output:
+        baseline=f"{RESULTS}/eval/{{target}}/autoregressive-baseline.jsonl",
+    log:
+        f"{RESULTS}/logs/eval/{{target}}/autoregressive-baseline.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/eval/{{target}}/autoregressive-baseline.tsv"
+    params:
+        temperatures=BASELINE_TEMPERATURES,
+        max_new_tokens=config["eval"]["max_new_tokens"],
+        sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
+        seed=config["seed"],
+        dtype=config["eval"]["dtype"],
+        records=f"{SCRATCH}/eval/{{target}}/autoregressive-baseline.records.jsonl",
+        code=script_fingerprint("autoregressive_baseline.py"),
+    threads: JOB_THREADS
+    resources:
+        gpu=1,
+    script:
+        "../scripts/autoregressive_baseline.py"
+
 
 rule evaluate:
     input:
+        unpack(shared_baseline),
         train_summary=f"{RESULTS}/drafters/{{target}}/{{variant}}/summary.json",
         target=f"{RESULTS}/targets/{{target}}/target.json",
         benchmarks=lambda wildcards: expand(
@@ -34,7 +75,7 @@ rule evaluate:
         max_new_tokens=config["eval"]["max_new_tokens"],
         sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
         seed=config["seed"],
-        backend=lambda wildcards: SUITES[wildcards.suite].get("backend", config["eval"]["backend"]),
+        backend=eval_backend,
         dtype=config["eval"]["dtype"],
         decode_clock=config["eval"]["decode_clock"],
         tau_counts=config["eval"]["tau_counts"],

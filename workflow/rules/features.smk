@@ -18,6 +18,7 @@ rule features:
         or config["features"]["target_layer_ids"],
         max_seq_length=config["features"]["max_seq_length"],
         batch_size=config["features"]["batch_size"],
+        dtype=config["features"]["dtype"],
         code=script_fingerprint("features.py"),
     threads: JOB_THREADS
     script:

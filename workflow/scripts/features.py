@@ -16,6 +16,7 @@ index = compute_features(
     max_seq_length=snakemake.params.max_seq_length,
     mode=snakemake.params.mode,
     batch_size=snakemake.params.batch_size,
+    dtype=snakemake.params.dtype,
 )
 print({key: value for key, value in index.items() if key != "shards"})
 print(

@@ -1,0 +1,27 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from pathlib import Path  # noqa: E402 (after the log redirect)
+
+import torch  # noqa: E402
+
+from dpace.evaluation import measure_baseline  # noqa: E402
+from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402
+
+params = snakemake.params
+torch.set_num_threads(snakemake.threads)
+# One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
+with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
+    measure_baseline(
+        snakemake.input.target,
+        {Path(path).stem: path for path in snakemake.input.benchmarks},
+        temperatures=params.temperatures,
+        max_new_tokens=params.max_new_tokens,
+        seed=params.seed,
+        sampled_prompts=params.sampled_prompts,
+        records_path=params.records,
+        out_path=snakemake.output.baseline,
+        device="cuda" if ids and torch.cuda.is_available() else "cpu",
+        dtype=params.dtype,
+    )
