@@ -1,30 +1,6 @@
 # Stage 6: speculative decoding on the benchmarks; tau, speedup and per-block records.
 # Timing jobs take every core so that two of them never share the CPU and skew each other's SR.
 
-SUITES = {
-    "full": {"benchmarks": config["data"]["benchmarks"], "temperatures": config["eval"]["temperatures"]},
-    "trajectory": {"benchmarks": ["math500"], "temperatures": [0.0]},
-    # Per-block q and tau for Table 8 / Figure 1a when eval.backend is SGLang, which reports neither:
-    # the in-process decoder on MATH-500 at T=0 (the paper's setting for them).
-    "blocks": {"benchmarks": ["math500"], "temperatures": [0.0], "backend": "local"},
-}
-
-# The target decoding alone does not depend on the drafter: with eval.baseline "shared" it is timed
-# once per target, on every request any suite plans, and each local evaluation reads it.
-BASELINE_BENCHMARKS = sorted({benchmark for suite in SUITES.values() for benchmark in suite["benchmarks"]})
-BASELINE_TEMPERATURES = sorted({temperature for suite in SUITES.values() for temperature in suite["temperatures"]})
-
-
-def eval_backend(wildcards):
-    return SUITES[wildcards.suite].get("backend", config["eval"]["backend"])
-
-
-def shared_baseline(wildcards):
-    if eval_backend(wildcards) == "local" and config["eval"]["baseline"] == "shared":
-        return {"baseline": f"{RESULTS}/eval/{wildcards.target}/autoregressive-baseline.jsonl"}
-    return {}
-
-
 rule autoregressive_baseline:
     input:
         target=f"{RESULTS}/targets/{{target}}/target.json",
