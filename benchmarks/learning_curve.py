@@ -55,6 +55,38 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
     }
 
 
+def ngram_first_position(train_set, heldout) -> dict:
+    """What the drafter's first block position could learn from tokens alone: how often the most frequent
+    successor of the anchor token in the training answers (bigram), or of the last two tokens backing off
+    to the anchor token (trigram), is the held-out answer's next token. Anchors as in training: response
+    tokens whose successor is a response token."""
+    from collections import Counter, defaultdict
+
+    def answers(features):
+        for i in range(len(features)):
+            start, end = int(features.offsets[i]), int(features.offsets[i + 1])
+            yield features.input_ids[start:end].tolist(), features.loss_mask[start:end].tolist()
+
+    bigram, trigram = defaultdict(Counter), defaultdict(Counter)
+    for ids, _ in answers(train_set):
+        for t in range(1, len(ids) - 1):
+            bigram[ids[t]][ids[t + 1]] += 1
+            trigram[ids[t - 1], ids[t]][ids[t + 1]] += 1
+
+    def hit(table, key, token):
+        return key in table and table[key].most_common(1)[0][0] == token
+
+    anchors = bigram_hits = trigram_hits = 0
+    for ids, mask in answers(heldout):
+        for a in range(1, len(ids) - 1):
+            if mask[a] and mask[a + 1]:
+                anchors += 1
+                bigram_hits += hit(bigram, ids[a], ids[a + 1])
+                key = (ids[a - 1], ids[a])
+                trigram_hits += hit(trigram, key, ids[a + 1]) if key in trigram else hit(bigram, ids[a], ids[a + 1])
+    return {"anchors": anchors, "bigram_accuracy": bigram_hits / anchors, "trigram_backoff_accuracy": trigram_hits / anchors}
+
+
 def run(args) -> dict:
     from dpace.features import load_features
     from dpace.targets import load_target
@@ -71,6 +103,10 @@ def run(args) -> dict:
     if args.fit_on:  # can the drafter fit a few answers at all? Train and score on the same ones.
         split = args.fit_on
         train_set = heldout = features.select(range(args.fit_on))
+    if args.ngram:
+        print(json.dumps({"train_sequences": split, "heldout_sequences": len(heldout),
+                          **ngram_first_position(train_set, heldout)}))
+        return {}
     hparams = {"alpha": 0.5} if args.objective.startswith("dpace") else {}
     config = TrainConfig(
         objective=args.objective, objective_hparams=hparams, depth=args.depth, block_size=args.block_size,
@@ -130,6 +166,8 @@ if __name__ == "__main__":
     parser.add_argument("--target", default="smollm2-135m")
     parser.add_argument("--dataset", default="sharegpt")
     parser.add_argument("--heldout", type=int, default=32)
+    parser.add_argument("--ngram", action="store_true",
+                        help="print n-gram tables' first-position accuracy on the same split, and exit")
     parser.add_argument("--train-sequences", type=int, default=0, help="train on the first N answers only (0: all)")
     parser.add_argument("--fit-on", type=int, help="train on the first N answers and score on the same N")
     parser.add_argument("--name", default="dflash")

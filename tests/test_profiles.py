@@ -13,10 +13,12 @@ import yaml
 
 REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "workflow" / "configs" / "paper.yaml"
-GPU_RULES = {"generate_responses": 1, "train_drafter": 2, "evaluate": 1}  # paper.yaml: sglang, specforge, local bf16
+# paper.yaml: sglang, specforge, local bf16 (the shared AR baseline times on the evaluation's GPU)
+GPU_RULES = {"generate_responses": 1, "train_drafter": 2, "autoregressive_baseline": 1, "evaluate": 1}
 # Table 1's Qwen3-4B trains on the DFlash authors' released answers: imported, not generated.
 TABLE_1_JOBS = {"benchmark_prompts": 6, "prepare_target": 1, "import_responses": 1,
-                "features": 1, "train_drafter": 8, "evaluate": 8, "experiment_metrics": 1}
+                "features": 1, "train_drafter": 8, "autoregressive_baseline": 1, "evaluate": 8,
+                "experiment_metrics": 1}
 
 
 def dry_run(tmp_path: Path, profile: str, target: str) -> str:
@@ -64,7 +66,7 @@ def check_gpu_resources(jobs, *, slurm: bool) -> None:
             if slurm:
                 assert int(resources["gpu"]) == GPU_RULES[rule], (rule, resources)
                 assert resources["gpu_model"] == {"generate_responses": "h200", "train_drafter": "h200",
-                                                  "evaluate": "l40s"}[rule]
+                                                  "autoregressive_baseline": "l40s", "evaluate": "l40s"}[rule]
         else:  # data, target, features, metrics, tables and figures: no GPU
             assert int(resources.get("gpu", 0)) == 0 and "gpu_model" not in resources, (rule, resources)
         if slurm and rule not in ("all",):
@@ -96,6 +98,7 @@ def test_everything_plan(tmp_path, profile):
     for rule, count in TABLE_1_JOBS.items():
         assert counts.get(rule, 0) >= count, (rule, counts)
     assert counts["prepare_target"] == 3 and counts["features"] == 3
+    assert counts["autoregressive_baseline"] == 3  # one per target, shared by every drafter's evaluation
     # Qwen3-4B imports z-lab/qwen3-4b-instruct-100k; the other two answer ShareGPT themselves.
     assert sorted(planned_wildcards(text, "generate_responses")) == [
         "target=llama3.1-8b, dataset=sharegpt", "target=qwen3-8b, dataset=sharegpt"]

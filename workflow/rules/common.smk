@@ -145,9 +145,10 @@ SUITES = {
 }
 
 # The target decoding alone does not depend on the drafter: with eval.baseline "shared" it is timed
-# once per target, on every request any suite plans, and each local evaluation reads it.
-BASELINE_BENCHMARKS = sorted({benchmark for suite in SUITES.values() for benchmark in suite["benchmarks"]})
-BASELINE_TEMPERATURES = sorted({temperature for suite in SUITES.values() for temperature in suite["temperatures"]})
+# once per target on the full suite's requests. Each local evaluation whose requests it covers reads it;
+# the trajectory and blocks suites (MATH-500 at T=0) decode their own when MATH-500 is not benchmarked.
+BASELINE_BENCHMARKS = sorted(SUITES["full"]["benchmarks"])
+BASELINE_TEMPERATURES = sorted(SUITES["full"]["temperatures"])
 
 
 def eval_backend(wildcards):
@@ -155,6 +156,10 @@ def eval_backend(wildcards):
 
 
 def shared_baseline(wildcards):
-    if eval_backend(wildcards) == "local" and config["eval"]["baseline"] == "shared":
+    suite = SUITES[wildcards.suite]
+    covered = set(suite["benchmarks"]) <= set(BASELINE_BENCHMARKS) and set(suite["temperatures"]) <= set(
+        BASELINE_TEMPERATURES
+    )
+    if eval_backend(wildcards) == "local" and config["eval"]["baseline"] == "shared" and covered:
         return {"baseline": f"{RESULTS}/eval/{wildcards.target}/autoregressive-baseline.jsonl"}
     return {}
