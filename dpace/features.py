@@ -18,7 +18,7 @@ from tqdm import tqdm
 
 from dpace.drafter import default_target_layer_ids
 from dpace.io import atomic_folder, atomic_write_json, read_jsonl
-from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
 STORE_DTYPE = torch.bfloat16
 SORT_WINDOW_BATCHES = 8
@@ -110,11 +110,12 @@ def compute_features(
     """Write ``out_dir/index.json`` and shards; returns counts. ``mode="online"`` stores only tokens.
 
     ``dtype``: the target's precision in this forward pass (bfloat16 is SpecForge's, and ~2x faster on
-    CPUs with AMX); features are stored in bf16 either way.
+    CPUs with AMX; ``auto`` takes it where it is native, see ``targets.resolve_dtype``); features are
+    stored in bf16 either way, and the index records the precision they were captured in.
     """
     if mode not in ("cached", "online"):
         raise ValueError(f"features.mode must be 'cached' or 'online', got {mode!r}")
-    target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, dtype))
+    target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, resolve_dtype(dtype, device)))
     if layer_ids is None:
         layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
     bad = [i for i in layer_ids if not 0 <= i < target.config.num_hidden_layers]
@@ -210,6 +211,7 @@ def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_las
         "layer_ids": list(layer_ids),
         "with_last_hidden": bool(with_last_hidden and mode == "cached"),
         "hidden_size": target.config.hidden_size,
+        "capture_dtype": str(next(target.parameters()).dtype).removeprefix("torch."),
         "shards": shards,
         "num_sequences": len(sequences),
         "num_tokens": sum(len(ids) for ids, _ in sequences),

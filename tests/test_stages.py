@@ -8,7 +8,7 @@ import torch
 from dpace.features import compute_features, load_features, tokenize_conversation
 from dpace.generation import generate_responses
 from dpace.io import atomic_write_jsonl, read_jsonl
-from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
 PROMPTS = [
     {"id": "p0", "prompt": "What is the capital of France?"},
@@ -30,7 +30,7 @@ def test_batched_generation_equals_one_at_a_time(tmp_path, tiny_target_json):
     atomic_write_jsonl(prompts, PROMPTS)
     out = tmp_path / "responses.jsonl"
     counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=12, batch_size=3)
-    assert counts == {"prompts": 3, "resumed": 0, "generated": 3, "skipped_too_long": 0}
+    assert counts == {"prompts": 3, "resumed": 0, "generated": 3, "skipped_too_long": 0, "dtype": "float32"}
     rows = list(read_jsonl(out))
     assert [r["id"] for r in rows] == ["p0", "p1", "p2"]  # the prompts' order, whatever the batching
     model, tokenizer = load_target(tiny_target_json)
@@ -204,6 +204,24 @@ def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target
         assert row["conversations"][1] == {"role": "assistant", "content": expected}
     with pytest.raises(ValueError, match=r"unknown generation dtype 'float16'; valid: float32, bfloat16"):
         generate_responses(tiny_target_json, prompts, tmp_path / "x.jsonl", dtype="float16")
+
+
+@pytest.mark.parametrize(("amx", "avx512_bf16", "expected"),
+                         [(True, False, "bfloat16"), (False, True, "bfloat16"), (False, False, "float32")])
+def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(tmp_path, tiny_target_json, monkeypatch, amx,
+                                                                    avx512_bf16, expected):
+    monkeypatch.setattr(torch.cpu, "_is_amx_tile_supported", lambda: amx)
+    monkeypatch.setattr(torch.cpu, "_is_avx512_bf16_supported", lambda: avx512_bf16)
+    assert resolve_dtype("auto") == expected
+    assert resolve_dtype("auto", "cuda:0") == "bfloat16"
+    assert (resolve_dtype("float32", "cuda"), resolve_dtype("bfloat16")) == ("float32", "bfloat16")
+    # Both stages run in the resolved precision and say which in their outputs.
+    prompts, answers = tmp_path / "prompts.jsonl", tmp_path / "answers.jsonl"
+    atomic_write_jsonl(prompts, PROMPTS[:2])
+    assert generate_responses(tiny_target_json, prompts, answers, max_new_tokens=6, dtype="auto")["dtype"] == expected
+    index = compute_features(tiny_target_json, answers, tmp_path / "f", layer_ids=[1, 3], max_seq_length=256,
+                             dtype="auto")
+    assert json.loads((tmp_path / "f" / "index.json").read_text())["capture_dtype"] == index["capture_dtype"] == expected
 
 
 def test_random_target_takes_a_saved_tokenizer_folder_without_the_gguf_package(tmp_path, monkeypatch):
