@@ -144,7 +144,7 @@ def generate_responses(
         raise ValueError(f"unknown generation backend {backend!r}; valid: {sorted(BACKENDS)}")
     if dtype not in DTYPES:
         raise ValueError(f"unknown generation dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    dtype = resolve_dtype(dtype, device)
+    dtype = resolve_dtype(dtype, "cuda" if backend == "sglang" else device)  # SGLang serves on a GPU
     rows = list(read_jsonl(prompts_path))
     scratch_path = Path(scratch_path) if scratch_path else Path(str(out_path) + ".partial")
     done = {row["id"] for row in read_partial_jsonl(scratch_path)}

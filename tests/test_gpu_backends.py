@@ -310,7 +310,7 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
     counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
                                 backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5,
                                 dtype="bfloat16", scratch_path=scratch)
-    assert counts == {"prompts": 5, "resumed": 1, "generated": 4, "skipped_too_long": 0}
+    assert counts == {"prompts": 5, "resumed": 1, "generated": 4, "skipped_too_long": 0, "dtype": "bfloat16"}
     rows = list(read_jsonl(tmp_path / "out.jsonl"))
     assert [r["id"] for r in rows] == [p["id"] for p in prompts]  # the prompts' order
     assert rows[2]["conversations"][1]["content"] == "earlier"
