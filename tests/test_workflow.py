@@ -240,20 +240,19 @@ def evaluation_inputs(result: subprocess.CompletedProcess) -> dict[str, list[str
 def test_evaluations_share_one_autoregressive_baseline_where_it_covers_their_requests(tmp_path, mirror):
     baseline = "results/eval/tiny/autoregressive-baseline.jsonl"
     # Smoke benchmarks hold MATH-500: the ablation's per-epoch MATH-500 (T=0) evaluations read it too.
-    result = snakemake(tmp_path, write_config(tmp_path), "-n", "results/table_ablation.tex")
+    result = snakemake(tmp_path, write_config(tmp_path, **{"eval.baseline": "shared"}), "-n", "results/table_ablation.tex")
     assert planned_jobs(result)["autoregressive_baseline"] == 1
     evaluations = evaluation_inputs(result)
     assert len(evaluations) == 8 and all(baseline in inputs for inputs in evaluations.values())
     # Without MATH-500 among the benchmarks the baseline does not time it: those evaluations decode their own.
-    result = snakemake(tmp_path, write_config(tmp_path, **{"data.benchmarks": ["mt_bench"]}), "-n",
-                       "results/table_ablation.tex")
+    result = snakemake(tmp_path, write_config(tmp_path, **{"data.benchmarks": ["mt_bench"], "eval.baseline": "shared"}),
+                       "-n", "results/table_ablation.tex")
     evaluations = evaluation_inputs(result)
     assert {"/trajectory/" in out for out in evaluations} == {True, False}
     for output, inputs in evaluations.items():
         assert (baseline in inputs) == ("/full/" in output), (output, inputs)
-    # eval.baseline per-drafter: no shared job, every evaluation times its own autoregressive pass.
-    result = snakemake(tmp_path, write_config(tmp_path, **{"eval.baseline": "per-drafter"}), "-n",
-                       "results/table_ablation.tex")
+    # eval.baseline per-drafter (the default): no shared job, every evaluation times its own autoregressive pass.
+    result = snakemake(tmp_path, write_config(tmp_path), "-n", "results/table_ablation.tex")
     assert "autoregressive_baseline" not in planned_jobs(result)
     assert not any(baseline in inputs for inputs in evaluation_inputs(result).values())
 

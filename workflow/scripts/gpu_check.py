@@ -11,8 +11,7 @@ under 5 minutes on one GPU (not yet measured there).
 
 By default the smoke DAG is cut to what checks every stage with few jobs (each job pays 20-50 s of
 Python, torch and CUDA start-up): two benchmarks (GSM8K, and MT-Bench for the multi-turn path) and
-two objectives (DFlash, D-PACE) at one depth, 13 jobs to Table 1 (one a shared AR baseline); ``--full``
-keeps the whole smoke config.
+two objectives (DFlash, D-PACE) at one depth, 12 jobs to Table 1; ``--full`` keeps the whole smoke config.
 Evaluation runs in bf16 on the GPU (the paper's protocol, eval.backend local unless SGLang is
 installed and ``--sglang-eval`` is given).
 
