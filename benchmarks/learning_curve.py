@@ -64,8 +64,8 @@ def ngram_first_position(train_set, heldout) -> dict:
 
     def answers(features):
         for i in range(len(features)):
-            start, end = int(features.offsets[i]), int(features.offsets[i + 1])
-            yield features.input_ids[start:end].tolist(), features.loss_mask[start:end].tolist()
+            item = features.sequence(i)
+            yield item["input_ids"].tolist(), item["loss_mask"].tolist()
 
     bigram, trigram = defaultdict(Counter), defaultdict(Counter)
     for ids, _ in answers(train_set):
