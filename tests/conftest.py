@@ -20,6 +20,22 @@ TINY_TARGET = {
 }
 
 
+def pytest_configure(config):
+    """Under pytest-xdist, share the cores between the workers: each worker's torch would otherwise
+    start one thread per core, and oversubscribed OpenMP threads spin against each other."""
+    workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
+        import torch
+
+        torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))
+
+
+def pytest_collection_modifyitems(config, items):
+    """Tests marked slow (Snakemake runs) first: under xdist's file scheduling the longest file then
+    starts at once instead of last, where it would run alone at the end."""
+    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+
+
 def running_in_ci() -> bool:
     return os.environ.get("CI", "").lower() in ("true", "1")
 

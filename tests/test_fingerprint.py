@@ -93,7 +93,7 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
     """Through Snakemake: build the features, edit dpace/drafter.py (which features imports through
     dpace.features, the module the old hand-written list missed): the features job is planned again;
     an edit to table rendering plans nothing."""
-    from test_workflow import planned_jobs, write_config
+    from workflow_runs import planned_jobs, write_config
 
     repo = tmp_path / "repo"
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "tests"))

@@ -1,0 +1,66 @@
+"""Snakemake runs for the workflow tests: a config with overrides, a run with a canary secret, a plan."""
+
+from __future__ import annotations
+
+import json
+import os
+import re
+import subprocess
+import sys
+from pathlib import Path
+
+import yaml
+
+REPO = Path(__file__).resolve().parents[1]
+MIRROR = REPO.parent / "shared" / "data"
+
+
+def write_config(path: Path, name: str = "smoke.yaml", **overrides) -> Path:
+    """The repo's config ``name`` with an absolute mirror path and nested overrides applied."""
+    config = yaml.safe_load((REPO / "workflow" / "configs" / name).read_text()) if name != "config.yaml" \
+        else yaml.safe_load((REPO / "config.yaml").read_text())
+    config["data"]["mirror"] = str(MIRROR)
+    for dotted, value in overrides.items():
+        node = config
+        keys = dotted.split(".")
+        for key in keys[:-1]:
+            node = node.setdefault(key, {})
+        node[keys[-1]] = value
+    out = path / f"config-{abs(hash(json.dumps(overrides, sort_keys=True)))}.yaml"
+    out.write_text(yaml.safe_dump(config))
+    return out
+
+
+SECRET = "hf_dpace_canary_do_not_log"
+
+
+def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    command = [
+        sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+        "--configfile", str(configfile), "--replace-workflow-config", "--cores", "2", *args,
+    ]
+    # A hub token in the environment, as on a real cluster: it must never reach params, logs or results.
+    env = {**os.environ, "HF_TOKEN": SECRET}
+    return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
+    """The 'Job stats' table of a dry run as {rule: count}."""
+    assert result.returncode == 0, result.stdout + result.stderr
+    text = result.stdout + result.stderr
+    if "Nothing to be done" in text:
+        return {}
+    stats = text.split("Job stats:")[1]
+    jobs = {}
+    for line in stats.splitlines()[3:]:
+        match = re.match(r"^(\w+)\s+(\d+)$", line.strip())
+        if not match:
+            break
+        jobs[match.group(1)] = int(match.group(2))
+    jobs.pop("total", None)
+    return jobs
+
+
+SMOKE = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
+BENCHMARKS = SMOKE["data"]["benchmarks"]
+TEMPERATURES = SMOKE["eval"]["temperatures"]
