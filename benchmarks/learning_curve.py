@@ -103,6 +103,9 @@ def run(args) -> dict:
     if args.fit_on:  # can the drafter fit a few answers at all? Train and score on the same ones.
         split = args.fit_on
         train_set = heldout = features.select(range(args.fit_on))
+    if args.without_target_features:  # an ablation: what the drafter learns from the tokens of its block alone
+        for part in (train_set, heldout):
+            part.hidden = torch.zeros_like(part.hidden)
     if args.ngram:
         print(json.dumps({"train_sequences": split, "heldout_sequences": len(heldout),
                           **ngram_first_position(train_set, heldout)}))
@@ -170,6 +173,8 @@ if __name__ == "__main__":
                         help="print n-gram tables' first-position accuracy on the same split, and exit")
     parser.add_argument("--train-sequences", type=int, default=0, help="train on the first N answers only (0: all)")
     parser.add_argument("--fit-on", type=int, help="train on the first N answers and score on the same N")
+    parser.add_argument("--without-target-features", action="store_true",
+                        help="zero the target's hidden states in training and scoring (the context then carries nothing)")
     parser.add_argument("--name", default="dflash")
     parser.add_argument("--objective", default="dflash")
     parser.add_argument("--depth", type=int, default=1)

@@ -31,9 +31,13 @@ def pytest_configure(config):
 
 
 def pytest_collection_modifyitems(config, items):
-    """Tests marked slow (Snakemake runs) first: under xdist's file scheduling the longest file then
-    starts at once instead of last, where it would run alone at the end."""
-    items.sort(key=lambda item: item.get_closest_marker("slow") is None)
+    """The smoke run's file first, then the other files with tests marked slow (Snakemake runs): xdist
+    hands out files in this order (``--no-loadscope-reorder``), so the longest file starts at once
+    instead of running alone at the end."""
+    def weight(item):
+        return 0 if "smoke_run" in getattr(item, "fixturenames", ()) else 1 if item.get_closest_marker("slow") else 2
+
+    items.sort(key=weight)
 
 
 def running_in_ci() -> bool:
