@@ -31,13 +31,19 @@ def drafter_config(
     target_layer_ids: list[int],
     mask_token_id: int,
     draft_vocab: list[int] | None = None,
+    sliding_window: int = 0,
 ) -> Qwen3Config:
     """A Qwen3-style block drafter that shares the target's width, vocabulary and RoPE.
 
     The drafter reads the target's token embeddings and LM head, so its hidden size and
     vocabulary must equal the target's; its depth is the paper's "3L"/"5L". ``draft_vocab``
     (``dpace.draft_vocab``) restricts the tokens it proposes; it travels in the checkpoint's config.
+    ``sliding_window`` > 0 makes every layer a DFlash ``sliding_attention`` layer: a block token at
+    position p sees the context positions after p - sliding_window only (and the block causally), as
+    both SpecForge's trainer and the ``dflash`` decoder implement it; 0 is the paper's full attention.
     """
+    if sliding_window < 0:
+        raise ValueError(f"sliding_window must be >= 0 (0: full attention), got {sliding_window}")
     if depth < 1:
         raise ValueError(f"drafter depth must be >= 1, got {depth}")
     if block_size < 2:
@@ -64,7 +70,9 @@ def drafter_config(
         rope_parameters=dict(rope),
         tie_word_embeddings=False,
         attention_bias=False,
-        layer_types=["full_attention"] * depth,
+        layer_types=["sliding_attention" if sliding_window else "full_attention"] * depth,
+        **({"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": depth}
+           if sliding_window else {}),
     )
     config.num_target_layers = num_target_layers
     config.block_size = block_size

@@ -74,6 +74,9 @@ class TrainConfig:
     # most frequent in the training responses only, a named deviation that makes a CPU step ~4x
     # cheaper (dpace.draft_vocab); applied to every objective alike.
     draft_vocab_size: int = 0
+    # 0: every drafter layer attends to the whole context (the paper). W > 0: to the last W positions only
+    # (DFlash's sliding_attention layers), a named deviation (dpace.drafter.drafter_config).
+    sliding_window: int = 0
 
 
 def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
@@ -206,6 +209,7 @@ def train_drafter(
         target_layer_ids=features.layer_ids,
         mask_token_id=mask_token_id,
         draft_vocab=draft_vocab,
+        sliding_window=config.sliding_window,
     )
     drafter = build_drafter(draft_config, seed=config.seed, attention_backend=config.attention_backend)
     if config.drafter_init == "target":

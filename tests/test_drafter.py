@@ -84,3 +84,40 @@ def test_drafter_init_from_target_copies_its_top_layers_and_passes_the_deepest_f
     assert torch.equal(drafter.layers[0].self_attn.q_norm.weight, untouched_q_norm)  # Llama has no q/k norm
     features = torch.randn(3, 3 * TARGET.hidden_size)
     torch.testing.assert_close(drafter.fc(features), features[:, -TARGET.hidden_size:])
+
+
+def test_a_sliding_window_drafter_sees_the_same_context_in_training_and_in_decoding(tmp_path):
+    """``sliding_window`` (a named deviation, benchmarks/learning_curve.py --sliding-window): SpecForge's
+    training mask and the dflash decoder's mask must give a block the same last-W context positions."""
+    from specforge.algorithms.common.dflash_family_model import create_dflash_sdpa_mask
+
+    window, block_size, context = 6, 4, 12
+    config = drafter_config(TARGET, depth=1, block_size=block_size, target_layer_ids=[1, 3, 4], mask_token_id=95,
+                            sliding_window=window)
+    with pytest.raises(ValueError, match="sliding_window"):
+        drafter_config(TARGET, depth=1, block_size=4, target_layer_ids=[1], mask_token_id=95, sliding_window=-1)
+    trained = build_drafter(config, seed=3).eval()
+    save_drafter(trained, tmp_path / "drafter")
+    loaded = load_drafter(tmp_path / "drafter")
+    full = build_drafter(drafter_config(TARGET, depth=1, block_size=block_size, target_layer_ids=[1, 3, 4],
+                                        mask_token_id=95), seed=3).eval()
+    full.load_state_dict(trained.state_dict())
+
+    generator = torch.Generator().manual_seed(0)
+    hidden = torch.randn(1, context + 1, 3 * TARGET.hidden_size, generator=generator)
+    noise = torch.randn(1, block_size, TARGET.hidden_size, generator=generator)
+    positions = torch.arange(context + 1 + block_size)[None]
+    positions[0, context + 1:] = torch.arange(context, context + block_size)  # the block at anchor = context
+    anchor, keep = torch.tensor([[context]]), torch.tensor([[True]])
+    with torch.no_grad():
+        trained_mask = create_dflash_sdpa_mask(anchor, keep, context + 1, block_size, "cpu", sliding_window=window)
+        training_side = trained(position_ids=positions, noise_embedding=noise, target_hidden=hidden,
+                                attention_mask={"full_attention": trained_mask, "sliding_attention": trained_mask})
+        decoding_side = loaded(position_ids=torch.arange(context + block_size)[None], noise_embedding=noise,
+                               target_hidden=hidden[:, :context])
+        full_mask = create_dflash_sdpa_mask(anchor, keep, context + 1, block_size, "cpu")
+        full_attention = full(position_ids=positions, noise_embedding=noise, target_hidden=hidden,
+                              attention_mask=full_mask)
+    assert loaded.layers[0].self_attn.sliding_window == window
+    torch.testing.assert_close(training_side[0, -block_size:], decoding_side[0, -block_size:], rtol=1e-5, atol=1e-5)
+    assert not torch.allclose(training_side, full_attention, atol=1e-3)  # the window does hide context
