@@ -71,8 +71,8 @@ def drafter_config(
         tie_word_embeddings=False,
         attention_bias=False,
         layer_types=["sliding_attention" if sliding_window else "full_attention"] * depth,
-        **({"use_sliding_window": True, "sliding_window": sliding_window, "max_window_layers": depth}
-           if sliding_window else {}),
+        # Qwen3Config keeps sliding_window only with use_sliding_window; layer_types says which layers use it.
+        **({"use_sliding_window": True, "sliding_window": sliding_window} if sliding_window else {}),
     )
     config.num_target_layers = num_target_layers
     config.block_size = block_size
