@@ -9,6 +9,11 @@ context, which it is at T=0), the per-position accuracy, and the mean q of the t
     python benchmarks/learning_curve.py --run-dir results --name dflash-e6 --epochs 6
     python benchmarks/learning_curve.py --plot docs/learning-curve.png      # every recorded curve
 
+``--benchmark-answers`` also scores every epoch on the target's own T=0 answers to the run's benchmark
+prompts (an autoregressive-baseline jsonl): teacher-forced on those answers, the proxy is what speculative
+decoding measures at T=0, so it predicts Table 1's tau, which the held-out ShareGPT answers do not.
+``--extra-features DIR --extra-sequences N`` mixes N answers of a second feature set into training.
+
 Each run appends one JSON line to ``--record`` (default ``benchmarks/learning_curves.jsonl``).
 """
 
@@ -53,6 +58,47 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
         "accuracy": float(ratio["acc"]),
         "q_per_position": [round(float(q), 4) for q in ratio["q_per_position"][1:]],
     }
+
+
+def concatenate(sets):
+    """One FeatureSet of the sequences of ``sets``, in order."""
+    from dpace.features import FeatureSet
+
+    lengths = torch.cat([torch.zeros(1, dtype=torch.long)] + [s.offsets[1:] - s.offsets[:-1] for s in sets])
+
+    def cat(name):
+        parts = [getattr(s, name) for s in sets]
+        return None if any(part is None for part in parts) else torch.cat(parts)
+
+    return FeatureSet(input_ids=cat("input_ids"), loss_mask=cat("loss_mask"), offsets=lengths.cumsum(0),
+                      hidden=cat("hidden"), last_hidden=cat("last_hidden"), layer_ids=list(sets[0].layer_ids))
+
+
+def benchmark_answer_features(run_dir: Path, target_json: Path, records_path: Path, layer_ids: list[int]):
+    """Features of the target's T=0 answers to the first turn of each benchmark prompt, as
+    ``dpace.features`` computes them for training (float32 target, bf16 storage)."""
+    from dpace.features import STORE_DTYPE, FeatureSet, target_hidden_states
+    from dpace.io import read_jsonl
+    from dpace.targets import chat_prompt_ids, load_target
+
+    target, tokenizer = load_target(target_json, dtype=torch.float32)
+    rows = {(path.stem, str(row["id"])): row for path in sorted((run_dir / "data" / "benchmarks").glob("*.jsonl"))
+            for row in read_jsonl(path)}
+    sequences = []
+    answers = sorted((r for r in read_jsonl(records_path) if r["temperature"] == 0.0), key=lambda r: r["benchmark"])
+    for record in answers:
+        prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": rows[record["benchmark"], record["id"]]["turns"][0]}])
+        answer = record["turns"][0]["new_token_ids"]
+        ids = torch.tensor([prompt + answer])
+        with torch.no_grad():
+            hidden, last = target_hidden_states(target, ids, torch.ones_like(ids), layer_ids, True)
+        sequences.append(FeatureSet(
+            input_ids=ids[0].int(), loss_mask=torch.tensor([0] * len(prompt) + [1] * len(answer), dtype=torch.uint8),
+            offsets=torch.tensor([0, ids.shape[1]]), hidden=hidden[0].to(STORE_DTYPE), last_hidden=last[0].to(STORE_DTYPE),
+            layer_ids=list(layer_ids)))
+    if not sequences:
+        raise ValueError(f"{records_path} has no T=0 answers")
+    return concatenate(sequences)
 
 
 def ngram_first_position(train_set, heldout) -> dict:
@@ -103,9 +149,18 @@ def run(args) -> dict:
     if args.fit_on:  # can the drafter fit a few answers at all? Train and score on the same ones.
         split = args.fit_on
         train_set = heldout = features.select(range(args.fit_on))
+    if args.extra_features:  # a second data set mixed in (e.g. CodeAlpaca answers), shuffled together
+        extra = load_features(args.extra_features)
+        train_set = concatenate([train_set, extra.select(range(min(args.extra_sequences or len(extra), len(extra))))])
+        train_set = train_set.select(torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0)).tolist())
+        split = len(train_set)
+    benchmark_answers = None
+    if args.benchmark_answers:
+        benchmark_answers = benchmark_answer_features(run_dir, target_json, Path(args.benchmark_answers), features.layer_ids)
     if args.without_target_features:  # an ablation: what the drafter learns from the tokens of its block alone
-        for part in (train_set, heldout):
-            part.hidden = torch.zeros_like(part.hidden)
+        for part in (train_set, heldout, benchmark_answers):
+            if part is not None:
+                part.hidden = torch.zeros_like(part.hidden)
     if args.ngram:
         print(json.dumps({"train_sequences": split, "heldout_sequences": len(heldout),
                           **ngram_first_position(train_set, heldout)}))
@@ -129,6 +184,9 @@ def run(args) -> dict:
     for epoch in range(1, args.epochs + 1):
         minutes = sum(s["step_time_s"] for s in steps if s["epoch"] <= epoch) / 60
         scores = heldout_scores(out / f"epoch-{epoch}", target, heldout, block_size=args.block_size)
+        if benchmark_answers is not None:
+            on_benchmarks = heldout_scores(out / f"epoch-{epoch}", target, benchmark_answers, block_size=args.block_size)
+            scores |= {f"benchmark_{name}": value for name, value in on_benchmarks.items()}
         curve.append({"epoch": epoch, "train_minutes": round(minutes, 3), **scores})
         print(json.dumps(curve[-1]), flush=True)
     record = {
@@ -175,6 +233,10 @@ if __name__ == "__main__":
     parser.add_argument("--fit-on", type=int, help="train on the first N answers and score on the same N")
     parser.add_argument("--without-target-features", action="store_true",
                         help="zero the target's hidden states in training and scoring (the context then carries nothing)")
+    parser.add_argument("--extra-features", help="a second cached feature set to mix into training")
+    parser.add_argument("--extra-sequences", type=int, default=0, help="its first N answers (0: all)")
+    parser.add_argument("--benchmark-answers",
+                        help="an autoregressive-baseline jsonl of this run: also score on its T=0 benchmark answers")
     parser.add_argument("--name", default="dflash")
     parser.add_argument("--objective", default="dflash")
     parser.add_argument("--depth", type=int, default=1)

@@ -13,7 +13,7 @@ from dataclasses import dataclass, field
 from pathlib import Path
 
 from dpace.conversations import dataset_name
-from dpace.data import BENCHMARKS, TRAIN_SETS
+from dpace.data import BENCHMARKS, TRAIN_SETS, mixture_name
 from dpace.objectives import REGISTRY, canonical_objective, resolve_hparams, resolve_normalization
 
 
@@ -179,9 +179,23 @@ def all_variants(config: dict) -> dict[tuple[str, str], Variant]:
 
 def training_data(config: dict, target: str) -> str:
     """The data set a target's drafters train on: its imported responses (``targets.<t>.responses``)
-    or ``data.train_set`` answered by the target itself."""
+    or ``data.train_set`` (one set, or a mixture named ``a+b``) answered by the target itself."""
     source = config["targets"][target].get("responses")
-    return dataset_name(source) if source else config["data"]["train_set"]
+    return dataset_name(source) if source else mixture_name(config["data"]["train_set"])
+
+
+def training_prompt_counts(config: dict) -> dict[str, int]:
+    """How many prompts of each training set ``data.train_set`` draws, in its order."""
+    sets, counts = config["data"]["train_set"], config["data"]["train_prompts"]
+    sets = [sets] if isinstance(sets, str) else list(sets)
+    if isinstance(counts, int):
+        if len(sets) > 1:
+            raise ConfigError(f"data.train_prompts: a mixture of {sets} needs a count per set, e.g. "
+                              f"{{{', '.join(f'{name}: 100' for name in sets)}}}")
+        return {sets[0]: counts}
+    if sorted(counts) != sorted(sets):
+        raise ConfigError(f"data.train_prompts: counts for {sorted(counts)}, but data.train_set is {sets}")
+    return {name: counts[name] for name in sets}
 
 
 def check_config(config: dict) -> None:
@@ -196,25 +210,36 @@ def check_config(config: dict) -> None:
         missing = [name for name in config["data"]["benchmarks"] if name not in counts]
         if missing:
             raise ConfigError(f"data.prompts_per_benchmark: no count for benchmark(s) {missing}")
+    training_prompt_counts(config)
     if config["train"].get("drafter_init", "random") != "random" and config["train"]["backend"] != "local":
         raise ConfigError(
             f"train.drafter_init: {config['train']['drafter_init']!r} needs train.backend local "
             "(SpecForge initialises its drafter at random); valid with specforge: random"
         )
-    if config["train"].get("draft_vocab_size", 0):
-        engines = [f"{stage}.backend: {config[stage]['backend']}" for stage in ("train", "eval")
-                   if config[stage]["backend"] != "local"]
-        if engines:
-            raise ConfigError(
-                f"train.draft_vocab_size: {config['train']['draft_vocab_size']} needs the local backends "
-                f"(SpecForge and SGLang score the whole vocabulary), not {', '.join(engines)}; valid there: 0"
-            )
+    if config["train"].get("drafter_init") == "scaled" and config["features"]["mode"] != "cached":
+        raise ConfigError("train.drafter_init: 'scaled' reads each feature's RMS from the cached features; "
+                          "it needs features.mode: cached")
+    # Settings only this project's own loop and decoder implement; the engines would silently ignore them.
+    local_only = {
+        "draft_vocab_size": "SpecForge and SGLang score the whole vocabulary",
+        "sliding_window": "not checked with SpecForge's trainer or SGLang's DFlash worker",
+    }
+    for key, why in local_only.items():
+        if config["train"].get(key, 0):
+            engines = [f"{stage}.backend: {config[stage]['backend']}" for stage in ("train", "eval")
+                       if config[stage]["backend"] != "local"]
+            if engines:
+                raise ConfigError(
+                    f"train.{key}: {config['train'][key]} needs the local backends ({why}), "
+                    f"not {', '.join(engines)}; valid there: 0"
+                )
     for name in config["train"].get("objective_hparams", {}):
         if name not in REGISTRY:
             raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(REGISTRY)}")
     features = config["features"]
     for target_name, target in config["targets"].items():
-        if target.get("responses") and dataset_name(target["responses"]) in TRAIN_SETS:
+        generated = {*TRAIN_SETS, mixture_name(config["data"]["train_set"])}
+        if target.get("responses") and dataset_name(target["responses"]) in generated:
             raise ConfigError(
                 f"targets.{target_name}.responses: {target['responses']!r} is named like the generated set "
                 f"{dataset_name(target['responses'])!r}; rename the file"

@@ -153,9 +153,44 @@ def write_benchmark(name: str, out_path: str | Path, num_prompts: int, seed: int
     return len(rows)
 
 
+MIX_SEPARATOR = "+"
+
+
+def mixture_name(sets) -> str:
+    """The data set name of ``data.train_set``: the set itself, or a mixture's sets joined by ``+``."""
+    return sets if isinstance(sets, str) else MIX_SEPARATOR.join(sets)
+
+
+def mixed_training_prompts(
+    counts: dict[str, int], seed: int, mirror: str | None = None, max_chars: int | None = None
+) -> tuple[list[dict], dict]:
+    """``counts[name]`` prompts of each training set, drawn as ``training_prompts`` draws them, then
+    shuffled together (response generation and feature batches then see every set throughout).
+
+    The paper's main drafters train on such a mixture (Nemotron-Post-Training-Dataset-v2 and
+    CodeAlpaca); skipped counts are reported per set.
+    """
+    prompts, skipped = [], {}
+    for name, count in counts.items():
+        rows, set_skipped = training_prompts(name, count, seed, mirror, max_chars)
+        prompts += rows
+        skipped[name] = {"written": len(rows), **set_skipped}
+    ids = [row["id"] for row in prompts]
+    if len(set(ids)) != len(ids):
+        raise ValueError(f"training sets {list(counts)} share prompt ids; a mixture needs distinct ids")
+    random.Random(seed).shuffle(prompts)
+    return prompts, skipped
+
+
 def write_training_prompts(
-    name: str, out_path: str | Path, num_prompts: int, seed: int, mirror: str | None, max_chars: int | None
+    counts: dict[str, int], out_path: str | Path, seed: int, mirror: str | None, max_chars: int | None
 ) -> dict:
-    rows, skipped = training_prompts(name, num_prompts, seed, mirror, max_chars)
+    """Write the prompts of one training set (``{name: count}``) or of a mixture of several."""
+    if len(counts) == 1:
+        (name, count), = counts.items()
+        rows, skipped = training_prompts(name, count, seed, mirror, max_chars)
+        skipped = {"written": len(rows), **skipped}
+    else:
+        rows, skipped = mixed_training_prompts(counts, seed, mirror, max_chars)
     atomic_write_jsonl(out_path, rows)
-    return {"written": len(rows), **skipped}
+    return skipped

@@ -10,7 +10,14 @@ from pathlib import Path
 import pytest
 import yaml
 
-from dpace.config import ConfigError, all_variants, experiments, validate_config
+from dpace.config import (
+    ConfigError,
+    all_variants,
+    experiments,
+    training_data,
+    training_prompt_counts,
+    validate_config,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 SMOKE = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
@@ -53,7 +60,7 @@ BAD = [
     ("train.attention_backend", "flash", r"train\.attention_backend: 'flash' is not one of \['sdpa', 'flex_attention'\]"),
     ("targets.tiny.responses", "answers/sharegpt.jsonl", r"targets\.tiny\.responses: .* named like the generated set 'sharegpt'"),
     ("eval.sampled_prompts_per_benchmark", 0, r"eval\.sampled_prompts_per_benchmark: 0 is less than the minimum of 1"),
-    ("train.drafter_init", "pretrained", r"train\.drafter_init: 'pretrained' is not one of \['random', 'target'\]"),
+    ("train.drafter_init", "pretrained", r"train\.drafter_init: 'pretrained' is not one of \['random', 'target', 'scaled'\]"),
 ]
 
 
@@ -114,31 +121,56 @@ def test_paper_grid_expands_to_the_papers_variants():
     assert len(all_variants(PAPER)) < sum(len(g.variants) for g in expanded.values())
 
 
-def test_drafter_init_from_the_target_needs_the_local_loop():
-    local = _set(SMOKE, "train.drafter_init", "target")
+def test_a_training_mixture_needs_a_count_per_set():
+    mixed = _set(_set(SMOKE, "data.train_set", ["sharegpt", "codealpaca"]), "data.train_prompts", {"sharegpt": 4, "codealpaca": 2})
+    validate_config(mixed)
+    assert training_prompt_counts(mixed) == {"sharegpt": 4, "codealpaca": 2}
+    assert training_data(mixed, "tiny") == "sharegpt+codealpaca"
+    with pytest.raises(ConfigError, match=r"data\.train_prompts: a mixture of \['sharegpt', 'codealpaca'\] needs a count per set"):
+        validate_config(_set(mixed, "data.train_prompts", 6))
+    with pytest.raises(ConfigError, match=r"data\.train_prompts: counts for \['sharegpt'\], but data\.train_set is"):
+        validate_config(_set(mixed, "data.train_prompts", {"sharegpt": 6}))
+    single = _set(_set(SMOKE, "data.train_set", ["codealpaca"]), "data.train_prompts", 5)
+    assert training_prompt_counts(single) == {"codealpaca": 5} and training_data(single, "tiny") == "codealpaca"
+
+
+@pytest.mark.parametrize("init", ["target", "scaled"])
+def test_a_named_drafter_init_needs_the_local_loop(init):
+    local = _set(SMOKE, "train.drafter_init", init)
     validate_config(local)
-    with pytest.raises(ConfigError, match=r"train\.drafter_init: 'target' needs train\.backend local"):
+    with pytest.raises(ConfigError, match=rf"train\.drafter_init: '{init}' needs train\.backend local"):
         validate_config(_set(local, "train.backend", "specforge"))
 
 
-def test_a_draft_vocabulary_needs_the_local_backends():
-    pruned = _set(SMOKE, "train.draft_vocab_size", 64)
-    validate_config(pruned)
+def test_a_scaled_fc_needs_cached_features():
+    with pytest.raises(ConfigError, match=r"train\.drafter_init: 'scaled' .* needs features\.mode: cached"):
+        validate_config(_set(_set(SMOKE, "train.drafter_init", "scaled"), "features.mode", "online"))
+
+
+@pytest.mark.parametrize(("setting", "value"), [("draft_vocab_size", 64), ("sliding_window", 16)])
+def test_settings_of_the_local_loop_are_refused_with_the_engines(setting, value):
+    paper_like = _set(_set(SMOKE, "train.draft_vocab_size", 0), "train.sliding_window", 0)
     for key, engine in (("train.backend", "specforge"), ("eval.backend", "sglang")):
-        with pytest.raises(ConfigError, match=rf"train\.draft_vocab_size: 64 needs the local backends .*{key}: {engine}"):
-            validate_config(_set(pruned, key, engine))
-    validate_config(_set(_set(SMOKE, "train.draft_vocab_size", 0), "train.backend", "specforge"))
+        validate_config(_set(paper_like, key, engine))
+    changed = _set(paper_like, f"train.{setting}", value)
+    validate_config(changed)
+    for key, engine in (("train.backend", "specforge"), ("eval.backend", "sglang")):
+        with pytest.raises(ConfigError, match=rf"train\.{setting}: {value} needs the local backends .*{key}: {engine}"):
+            validate_config(_set(changed, key, engine))
 
 
-def test_the_paper_config_merged_into_the_default_keeps_the_whole_vocabulary():
-    """`--configfile workflow/configs/paper.yaml` merges into config.yaml, whose draft vocabulary is a
-    CPU deviation: the paper config must turn it off itself."""
+def test_the_paper_config_merged_into_the_default_undoes_its_cpu_deviations():
+    """`--configfile workflow/configs/paper.yaml` merges into config.yaml, whose draft vocabulary, sliding
+    window and data mixture are CPU deviations: the paper config must turn each off itself."""
     from snakemake.utils import update_config
 
     merged = yaml.safe_load((REPO / "config.yaml").read_text())
-    assert merged["train"]["draft_vocab_size"] > 0
+    deviations = {"draft_vocab_size": 0, "sliding_window": 0}
+    assert all(merged["train"][key] != paper for key, paper in deviations.items())
+    assert merged["data"]["train_set"] != "sharegpt"
     update_config(merged, copy.deepcopy(PAPER))
-    assert merged["train"]["draft_vocab_size"] == 0
+    assert {key: merged["train"][key] for key in deviations} == deviations
+    assert training_prompt_counts(merged) == {"sharegpt": 100000}
     validate_config(merged)
 
 

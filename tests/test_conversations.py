@@ -104,7 +104,8 @@ def test_failures_name_the_setting(tmp_path, monkeypatch):
 def test_each_target_trains_on_its_own_data_set():
     assert dataset_name("z-lab/qwen3-4b-instruct-100k") == "qwen3-4b-instruct-100k"
     assert dataset_name("/data/z lab/answers.parquet") == "answers"
-    config = {"main_target": "a", "data": {"benchmarks": [], "prompts_per_benchmark": 1, "train_set": "sharegpt"},
+    data = {"benchmarks": [], "prompts_per_benchmark": 1, "train_set": "sharegpt", "train_prompts": 1}
+    config = {"main_target": "a", "data": data,
               "train": {}, "features": {}, "experiments": {},
               "targets": {"a": {"source": "x", "responses": "z-lab/qwen3-4b-instruct-100k"}, "b": {"source": "y"}}}
     assert training_data(config, "a") == "qwen3-4b-instruct-100k" and training_data(config, "b") == "sharegpt"

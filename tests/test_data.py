@@ -4,7 +4,13 @@ import json
 
 import pytest
 
-from dpace.data import benchmark_prompts, training_prompts, write_benchmark
+from dpace.data import (
+    benchmark_prompts,
+    mixed_training_prompts,
+    training_prompts,
+    write_benchmark,
+    write_training_prompts,
+)
 from dpace.io import read_jsonl
 
 
@@ -122,6 +128,32 @@ def test_training_prompts_take_first_human_turn_and_count_skips(tmp_path):
     rows, skipped = training_prompts("sharegpt", 10, seed=0, mirror=str(mirror), max_chars=100)
     assert rows == [{"id": "a", "prompt": "short question"}]
     assert skipped == {"no_user_turn": 1, "too_long": 1}
+
+
+def test_a_mixture_draws_each_sets_count_and_mixes_them(tmp_path):
+    sharegpt = [json.dumps({"id": f"s{i}", "conversations": [{"from": "human", "value": f"chat {i}"}]}) for i in range(30)]
+    codealpaca = [json.dumps({"instruction": f"code {i}", "input": "", "output": "x"}) for i in range(30)]
+    mirror = _mirror_with(tmp_path, "train", "sharegpt", sharegpt)
+    _mirror_with(tmp_path, "train", "codealpaca", codealpaca)
+    out = tmp_path / "mix.jsonl"
+    counts = write_training_prompts({"sharegpt": 12, "codealpaca": 6}, out, seed=0, mirror=str(mirror), max_chars=None)
+    rows = list(read_jsonl(out))
+    assert counts == {"sharegpt": {"written": 12, "no_user_turn": 0, "too_long": 0},
+                      "codealpaca": {"written": 6, "no_user_turn": 0, "too_long": 0}}
+    # each set contributes exactly the prompts it gives alone, and the two are interleaved
+    for name, count in (("sharegpt", 12), ("codealpaca", 6)):
+        alone, _ = training_prompts(name, count, seed=0, mirror=str(mirror))
+        assert sorted(r["id"] for r in rows if r["id"] in {a["id"] for a in alone}) == sorted(a["id"] for a in alone)
+    sources = ["code" in row["prompt"] for row in rows]
+    assert len(rows) == 18 and sum(sources) == 6 and sources != sorted(sources)
+
+
+def test_a_mixture_refuses_sets_that_share_ids(tmp_path):
+    rows = [json.dumps({"id": "same", "conversations": [{"from": "human", "value": "hi"}]})]
+    mirror = _mirror_with(tmp_path, "train", "sharegpt", rows)
+    _mirror_with(tmp_path, "train", "codealpaca", [json.dumps({"id": "same", "instruction": "code", "output": "x"})])
+    with pytest.raises(ValueError, match="share prompt ids"):
+        mixed_training_prompts({"sharegpt": 1, "codealpaca": 1}, seed=0, mirror=str(mirror))
 
 
 def test_write_benchmark_is_atomic_and_complete(tmp_path, mirror):

@@ -100,7 +100,7 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
     workdir = tmp_path / "work"
     workdir.mkdir()
     config = write_config(workdir)
-    target = "results/features/tiny/sharegpt"
+    target = "results/features/tiny/sharegpt+codealpaca"
     built = _snakemake(repo, workdir, config, target)
     assert built.returncode == 0, built.stderr[-3000:]
     assert planned_jobs(_snakemake(repo, workdir, config, "-n", target)) == {}

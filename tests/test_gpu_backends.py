@@ -630,6 +630,18 @@ def test_gpu_check_config_is_valid_and_trains_like_the_paper_on_a_gpu(tmp_path, 
     assert config["targets"][config["main_target"]]["hidden_size"] // config["targets"][config["main_target"]]["num_heads"] == 64
 
 
+def test_gpu_check_config_with_the_engines_drops_the_local_only_window(tmp_path):
+    from dpace.config import validate_config
+
+    gpu_check = _gpu_check_module()
+    engines = {"responses": "sglang", "train": "specforge", "eval": "sglang"}
+    config = yaml.safe_load(gpu_check.write_config(tmp_path, MIRROR, engines).read_text())
+    validate_config(config)
+    assert config["train"]["sliding_window"] == 0
+    local = {"responses": "transformers", "train": "local", "eval": "local"}
+    assert yaml.safe_load(gpu_check.write_config(tmp_path, MIRROR, local).read_text())["train"]["sliding_window"] > 0
+
+
 def test_gpu_check_quick_cut_takes_a_tokenizer_folder_and_plans_few_jobs(tmp_path):
     from dpace.config import validate_config
 

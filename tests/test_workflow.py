@@ -165,7 +165,7 @@ def test_same_config_gives_identical_metrics(smoke_run, tmp_path):
     first = pd.read_csv(workdir / "results" / "metrics" / "main.csv").drop(columns=timing)
     second = pd.read_csv(tmp_path / "results" / "metrics" / "main.csv").drop(columns=timing)
     pd.testing.assert_frame_equal(first, second)
-    for name in ("responses/tiny/sharegpt.jsonl",):
+    for name in ("responses/tiny/sharegpt+codealpaca.jsonl",):
         assert (workdir / "results" / name).read_text() == (tmp_path / "results" / name).read_text()
     for drafter in (workdir / "results" / "drafters" / "tiny").iterdir():
         other = tmp_path / "results" / "drafters" / "tiny" / drafter.name

@@ -19,8 +19,11 @@ pytestmark = pytest.mark.slow
 
 
 def test_default_dry_run_shares_one_features_job(tmp_path, mirror):
-    jobs = planned_jobs(snakemake(tmp_path, write_config(tmp_path, "config.yaml"), "-n", "results/table_main.tex"))
-    assert jobs["features"] == 1 and jobs["generate_responses"] == 1
+    result = snakemake(tmp_path, write_config(tmp_path, "config.yaml"), "-n", "results/table_main.tex")
+    jobs = planned_jobs(result)
+    assert jobs["features"] == 1 and jobs["generate_responses"] == 1 and jobs["training_prompts"] == 1
+    # the default's chat + code mixture is one data set, answered and captured once
+    assert "results/features/smollm2-135m/sharegpt+codealpaca" in result.stdout
     assert jobs["train_drafter"] == 4 and jobs["evaluate"] == 4  # Table 1's four objectives at one depth
     assert jobs["benchmark_prompts"] == 6
 
@@ -67,7 +70,7 @@ def test_a_target_with_released_answers_imports_them_instead_of_generating(tmp_p
     answers = tmp_path / "released-answers.jsonl"
     rows = [json.loads(line) for line in (MIRROR / "train" / "sharegpt.jsonl").read_text().splitlines()[:40]]
     answers.write_text("".join(json.dumps(row) + "\n" for row in rows))
-    config = write_config(tmp_path, **{"targets.tiny.responses": str(answers), "data.train_prompts": 12})
+    config = write_config(tmp_path, **{"targets.tiny.responses": str(answers), "data.train_prompts": {"sharegpt": 8, "codealpaca": 4}})
     jobs = planned_jobs(snakemake(tmp_path, config, "-n", "results/table_main.tex"))
     assert jobs["import_responses"] == 1 and "generate_responses" not in jobs and "training_prompts" not in jobs
     result = snakemake(tmp_path, config, "results/features/tiny/released-answers")
@@ -89,7 +92,7 @@ def test_block_records_come_from_the_local_decoder_when_sglang_serves(tmp_path, 
     runs here without SGLang and records per-block q."""
     from dpace.config import experiments
 
-    config_path = write_config(tmp_path, **{"eval.backend": "sglang"})
+    config_path = write_config(tmp_path, **{"eval.backend": "sglang", "train.sliding_window": 0})
     config = yaml.safe_load(config_path.read_text())
     dflash = next(v for v in experiments(config)["main"].variants if v.objective == "dflash")
     summary = f"results/eval/tiny/{dflash.id}/epoch-{dflash.epochs}/blocks/summary.json"

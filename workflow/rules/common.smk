@@ -5,7 +5,16 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
-from dpace.config import ConfigError, all_variants, apply_command_line_types, experiments, training_data, validate_config
+from dpace.config import (
+    ConfigError,
+    all_variants,
+    apply_command_line_types,
+    experiments,
+    training_data,
+    training_prompt_counts,
+    validate_config,
+)
+from dpace.data import mixture_name
 from dpace import fingerprint
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).

@@ -21,13 +21,15 @@ rule benchmark_prompts:
 rule training_prompts:
     output:
         prompts=f"{RESULTS}/data/train/{{dataset}}.jsonl",
+    wildcard_constraints:
+        dataset=re.escape(mixture_name(config["data"]["train_set"])),
     log:
         f"{RESULTS}/logs/data/train_{{dataset}}.log",
     benchmark:
         f"{RESULTS}/benchmarks/data/train_{{dataset}}.tsv"
     params:
         mirror=config["data"]["mirror"],
-        num_prompts=config["data"]["train_prompts"],
+        counts=training_prompt_counts(config),
         max_chars=config["data"]["max_prompt_chars"],
         seed=config["seed"],
         code=script_fingerprint("training_prompts.py"),

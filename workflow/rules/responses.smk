@@ -11,7 +11,7 @@ rule generate_responses:
     output:
         conversations=f"{RESULTS}/responses/{{target}}/{{dataset}}.jsonl",
     wildcard_constraints:
-        dataset=re.escape(config["data"]["train_set"]),
+        dataset=re.escape(mixture_name(config["data"]["train_set"])),
     log:
         f"{RESULTS}/logs/responses/{{target}}/{{dataset}}.log",
     benchmark:
@@ -44,7 +44,7 @@ rule import_responses:
         f"{RESULTS}/benchmarks/responses/{{target}}/{{dataset}}.tsv"
     params:
         source=lambda wildcards: config["targets"][wildcards.target]["responses"],
-        num_conversations=config["data"]["train_prompts"],
+        num_conversations=sum(training_prompt_counts(config).values()),
         seed=config["seed"],
         code=script_fingerprint("import_responses.py"),
     localrule: True

@@ -30,6 +30,7 @@ rule train_drafter:
         attention_backend=config["train"]["attention_backend"],
         drafter_init=config["train"]["drafter_init"],
         draft_vocab_size=config["train"]["draft_vocab_size"],
+        sliding_window=config["train"]["sliding_window"],
         seed=config["seed"],
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",

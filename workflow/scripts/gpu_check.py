@@ -86,6 +86,8 @@ def write_config(workdir: Path, mirror: Path, backends: dict, *, cpu: bool = Fal
         target["tokenizer"] = str(tokenizer)
     for section, backend in backends.items():
         config[section]["backend"] = backend
+    if any(backends.get(stage, "local") != "local" for stage in ("train", "eval")):
+        config["train"]["sliding_window"] = 0  # the smoke's window is a local-loop setting (dpace.config)
     if not full:
         config["data"]["benchmarks"] = list(QUICK["benchmarks"])
         main = config["experiments"]["main"]

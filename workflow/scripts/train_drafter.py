@@ -50,6 +50,7 @@ elif params.backend == "local":
             attention_backend=params.attention_backend,
             drafter_init=params.drafter_init,
             draft_vocab_size=params.draft_vocab_size,
+            sliding_window=params.sliding_window,
             threads=snakemake.threads,
             device="cuda" if ids and torch.cuda.is_available() else "cpu",
         )
