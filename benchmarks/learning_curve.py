@@ -199,6 +199,15 @@ def run(args) -> dict:
     return record
 
 
+def default_dataset() -> str:
+    import yaml
+
+    from dpace.data import mixture_name
+
+    config = yaml.safe_load(Path(__file__).resolve().parents[1].joinpath("config.yaml").read_text())
+    return mixture_name(config["data"]["train_set"])
+
+
 def plot(record_path: str, out: str) -> None:
     import matplotlib
 
@@ -206,7 +215,7 @@ def plot(record_path: str, out: str) -> None:
     import matplotlib.pyplot as plt
 
     records = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(10, 3.8))
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 7.5))
     tab20 = plt.get_cmap("tab20").colors
     palette = tab20[::2] + tab20[1::2]  # more curves than the default cycle's 10 colours
     for index, record in enumerate(records):
@@ -214,10 +223,14 @@ def plot(record_path: str, out: str) -> None:
         style = {"marker": "o", "label": record["name"], "color": palette[index % len(palette)]}
         left.plot(minutes, [1.0] + [p["tau_proxy"] for p in record["curve"]], **style)
         right.plot(minutes, [0.0] + [p["accuracy"] for p in record["curve"]], **style)
+        if "benchmark_tau_proxy" in record["curve"][0]:  # dashed: the same checkpoints on the benchmark answers
+            dashed = {**style, "linestyle": "--", "marker": "x", "label": f"{record['name']} (benchmark answers)"}
+            left.plot(minutes, [1.0] + [p["benchmark_tau_proxy"] for p in record["curve"]], **dashed)
     left.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out tau proxy (T=0, teacher-forced)")
     right.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out accuracy (positions 1..B-1)")
-    left.legend(fontsize=7)
-    fig.tight_layout()
+    handles, labels = left.get_legend_handles_labels()
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
+    fig.tight_layout(rect=(0, 0.30, 1, 1))  # the legend (one entry per run) below the two panels
     fig.savefig(out, dpi=130)
 
 
@@ -225,7 +238,8 @@ if __name__ == "__main__":
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", default="results")
     parser.add_argument("--target", default="smollm2-135m")
-    parser.add_argument("--dataset", default="sharegpt")
+    parser.add_argument("--dataset", default=default_dataset(),
+                        help="the features' data set name (default: config.yaml's data.train_set)")
     parser.add_argument("--heldout", type=int, default=32)
     parser.add_argument("--ngram", action="store_true",
                         help="print n-gram tables' first-position accuracy on the same split, and exit")
