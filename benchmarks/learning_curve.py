@@ -13,6 +13,8 @@ context, which it is at T=0), the per-position accuracy, and the mean q of the t
 prompts (an autoregressive-baseline jsonl): teacher-forced on those answers, the proxy is what speculative
 decoding measures at T=0, so it predicts Table 1's tau, which the held-out ShareGPT answers do not.
 ``--extra-features DIR --extra-sequences N`` mixes N answers of a second feature set into training.
+``--max-answer-tokens N`` trains on each answer's first N tokens only (what a smaller
+``responses.max_new_tokens`` would have generated; the target is causal, so the features are the same).
 
 Each run appends one JSON line to ``--record`` (default ``benchmarks/learning_curves.jsonl``).
 """
@@ -60,28 +62,34 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
     }
 
 
-def concatenate(sets):
-    """One FeatureSet of the sequences of ``sets``, in order."""
+def first_answer_tokens(features, max_answer_tokens: int):
+    """Each sequence cut after its first ``max_answer_tokens`` answer (loss) tokens. The target is causal,
+    so the cut sequence's features are those of a shorter answer: a stand-in for generating at most
+    that many tokens per training prompt."""
     from dpace.features import FeatureSet
 
-    lengths = torch.cat([torch.zeros(1, dtype=torch.long)] + [s.offsets[1:] - s.offsets[:-1] for s in sets])
+    pieces = []
+    for index in range(len(features)):
+        start, end = int(features.offsets[index]), int(features.offsets[index + 1])
+        answer_positions = features.loss_mask[start:end].nonzero().flatten()
+        if len(answer_positions) > max_answer_tokens:
+            end = start + int(answer_positions[max_answer_tokens - 1]) + 1
+        pieces.append(FeatureSet(
+            input_ids=features.input_ids[start:end], loss_mask=features.loss_mask[start:end],
+            offsets=torch.tensor([0, end - start]),
+            hidden=None if features.hidden is None else features.hidden[start:end],
+            last_hidden=None if features.last_hidden is None else features.last_hidden[start:end],
+            layer_ids=list(features.layer_ids)))
+    return FeatureSet.concatenate(pieces)
 
-    def cat(name):
-        parts = [getattr(s, name) for s in sets]
-        return None if any(part is None for part in parts) else torch.cat(parts)
 
-    return FeatureSet(input_ids=cat("input_ids"), loss_mask=cat("loss_mask"), offsets=lengths.cumsum(0),
-                      hidden=cat("hidden"), last_hidden=cat("last_hidden"), layer_ids=list(sets[0].layer_ids))
-
-
-def benchmark_answer_features(run_dir: Path, target_json: Path, records_path: Path, layer_ids: list[int]):
+def benchmark_answer_features(run_dir: Path, target, tokenizer, records_path: Path, layer_ids: list[int]):
     """Features of the target's T=0 answers to the first turn of each benchmark prompt, as
     ``dpace.features`` computes them for training (float32 target, bf16 storage)."""
     from dpace.features import STORE_DTYPE, FeatureSet, target_hidden_states
     from dpace.io import read_jsonl
-    from dpace.targets import chat_prompt_ids, load_target
+    from dpace.targets import chat_prompt_ids
 
-    target, tokenizer = load_target(target_json, dtype=torch.float32)
     rows = {(path.stem, str(row["id"])): row for path in sorted((run_dir / "data" / "benchmarks").glob("*.jsonl"))
             for row in read_jsonl(path)}
     sequences = []
@@ -98,7 +106,7 @@ def benchmark_answer_features(run_dir: Path, target_json: Path, records_path: Pa
             layer_ids=list(layer_ids)))
     if not sequences:
         raise ValueError(f"{records_path} has no T=0 answers")
-    return concatenate(sequences)
+    return FeatureSet.concatenate(sequences)
 
 
 def ngram_first_position(train_set, heldout) -> dict:
@@ -134,7 +142,7 @@ def ngram_first_position(train_set, heldout) -> dict:
 
 
 def run(args) -> dict:
-    from dpace.features import load_features
+    from dpace.features import FeatureSet, load_features
     from dpace.targets import load_target
     from dpace.training import TrainConfig, train_drafter
 
@@ -151,12 +159,16 @@ def run(args) -> dict:
         train_set = heldout = features.select(range(args.fit_on))
     if args.extra_features:  # a second data set mixed in (e.g. CodeAlpaca answers), shuffled together
         extra = load_features(args.extra_features)
-        train_set = concatenate([train_set, extra.select(range(min(args.extra_sequences or len(extra), len(extra))))])
+        train_set = FeatureSet.concatenate([train_set, extra.select(range(min(args.extra_sequences or len(extra), len(extra))))])
         train_set = train_set.select(torch.randperm(len(train_set), generator=torch.Generator().manual_seed(0)).tolist())
         split = len(train_set)
+    target, tokenizer = load_target(target_json, dtype=torch.float32)  # scores the checkpoints, computes benchmark features
+    if args.max_answer_tokens:  # shorter training answers: as if generated with a smaller max_new_tokens
+        train_set = first_answer_tokens(train_set, args.max_answer_tokens)
     benchmark_answers = None
     if args.benchmark_answers:
-        benchmark_answers = benchmark_answer_features(run_dir, target_json, Path(args.benchmark_answers), features.layer_ids)
+        benchmark_answers = benchmark_answer_features(run_dir, target, tokenizer, Path(args.benchmark_answers),
+                                                      features.layer_ids)
     if args.without_target_features:  # an ablation: what the drafter learns from the tokens of its block alone
         for part in (train_set, heldout, benchmark_answers):
             if part is not None:
@@ -178,7 +190,6 @@ def run(args) -> dict:
     summary = train_drafter(config, target_json=target_json, features_dir=train_set, out_dir=out,
                             scratch_dir=out / "scratch")
     wall = time.perf_counter() - started
-    target, _ = load_target(target_json)
     steps = [json.loads(line) for line in (out / "steps.jsonl").read_text().splitlines()]
     curve = []
     for epoch in range(1, args.epochs + 1):
@@ -249,6 +260,8 @@ if __name__ == "__main__":
                         help="zero the target's hidden states in training and scoring (the context then carries nothing)")
     parser.add_argument("--extra-features", help="a second cached feature set to mix into training")
     parser.add_argument("--extra-sequences", type=int, default=0, help="its first N answers (0: all)")
+    parser.add_argument("--max-answer-tokens", type=int, default=0,
+                        help="cut each training answer after its first N tokens (0: keep them whole)")
     parser.add_argument("--benchmark-answers",
                         help="an autoregressive-baseline jsonl of this run: also score on its T=0 benchmark answers")
     parser.add_argument("--name", default="dflash")

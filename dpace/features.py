@@ -79,6 +79,28 @@ class FeatureSet:
             hidden=take(self.hidden), last_hidden=take(self.last_hidden), layer_ids=list(self.layer_ids),
         )
 
+    @classmethod
+    def concatenate(cls, sets: list[FeatureSet]) -> FeatureSet:
+        """One set of the sequences of ``sets``, in order (shards of one directory, or several data sets)."""
+        if not sets:
+            raise ValueError("nothing to concatenate")
+        if any(list(s.layer_ids) != list(sets[0].layer_ids) for s in sets):
+            raise ValueError("feature sets captured different target layers")
+        lengths = torch.cat([torch.zeros(1, dtype=torch.long)] + [s.offsets[1:] - s.offsets[:-1] for s in sets])
+
+        def cat(name):
+            parts = [getattr(s, name) for s in sets]
+            if all(part is None for part in parts):
+                return None
+            if any(part is None for part in parts):
+                raise ValueError(f"some feature sets have no {name!r}")
+            return torch.cat(parts)
+
+        return cls(
+            input_ids=cat("input_ids"), loss_mask=cat("loss_mask"), offsets=lengths.cumsum(0),
+            hidden=cat("hidden"), last_hidden=cat("last_hidden"), layer_ids=list(sets[0].layer_ids),
+        )
+
     def sequence(self, index: int) -> dict:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
         item = {
@@ -227,20 +249,11 @@ def load_features(features_dir: str | Path) -> FeatureSet:
 
     features_dir = Path(features_dir)
     index = json.loads((features_dir / "index.json").read_text())
-    parts = [load_file(str(features_dir / name)) for name in index["shards"]]
-    offsets, total = [torch.zeros(1, dtype=torch.long)], 0
-    for part in parts:
-        offsets.append(part["offsets"][1:] + total)
-        total += int(part["offsets"][-1])
-
-    def cat(key):
-        return torch.cat([p[key] for p in parts]) if key in parts[0] else None
-
-    return FeatureSet(
-        input_ids=cat("input_ids"),
-        loss_mask=cat("loss_mask"),
-        offsets=torch.cat(offsets),
-        hidden=cat("hidden"),
-        last_hidden=cat("last_hidden"),
-        layer_ids=index["layer_ids"],
-    )
+    shards = [load_file(str(features_dir / name)) for name in index["shards"]]
+    return FeatureSet.concatenate([
+        FeatureSet(
+            input_ids=shard["input_ids"], loss_mask=shard["loss_mask"], offsets=shard["offsets"],
+            hidden=shard.get("hidden"), last_hidden=shard.get("last_hidden"), layer_ids=index["layer_ids"],
+        )
+        for shard in shards
+    ])

@@ -236,3 +236,39 @@ def test_random_target_takes_a_saved_tokenizer_folder_without_the_gguf_package(t
     _, tokenizer = load_target(target_json)
     messages = [{"role": "user", "content": "Hello there, how are you?"}]
     assert chat_prompt_ids(tokenizer, messages) == chat_prompt_ids(reference, messages)
+
+
+def _feature_set(lengths, first_token, layer_ids=(1,), with_hidden=True):
+    from dpace.features import FeatureSet
+
+    total = sum(lengths)
+    ids = torch.arange(first_token, first_token + total, dtype=torch.int32)
+    return FeatureSet(
+        input_ids=ids, loss_mask=(ids % 2).to(torch.uint8), offsets=torch.tensor([0, *lengths]).cumsum(0),
+        hidden=ids[:, None].float().repeat(1, 2) if with_hidden else None, last_hidden=None, layer_ids=list(layer_ids),
+    )
+
+
+def test_concatenated_feature_sets_keep_every_sequence_whole_and_in_order():
+    from dpace.features import FeatureSet
+
+    first, second = _feature_set([3, 5], 0), _feature_set([2, 4, 1], 100)
+    joined = FeatureSet.concatenate([first, second])
+    assert len(joined) == 5 and joined.offsets.tolist() == [0, 3, 8, 10, 14, 15]
+    expected = [first.sequence(0), first.sequence(1), *(second.sequence(i) for i in range(3))]
+    for index, item in enumerate(expected):
+        got = joined.sequence(index)
+        assert got.keys() == item.keys()
+        for key in item:
+            assert torch.equal(got[key], item[key]), (index, key)
+    back = joined.select(range(3, 5))
+    assert back.offsets.tolist() == [0, 4, 5] and torch.equal(back.input_ids, second.input_ids[2:])
+
+
+def test_feature_sets_from_different_captures_are_not_concatenated():
+    from dpace.features import FeatureSet
+
+    with pytest.raises(ValueError, match="different target layers"):
+        FeatureSet.concatenate([_feature_set([2], 0), _feature_set([2], 9, layer_ids=(2,))])
+    with pytest.raises(ValueError, match="no 'hidden'"):
+        FeatureSet.concatenate([_feature_set([2], 0), _feature_set([2], 9, with_hidden=False)])
