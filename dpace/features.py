@@ -31,7 +31,9 @@ def tokenize_conversation(tokenizer, conversation: dict, end_token_id: int) -> t
     """Prompt ids + response ids + end token, and a loss mask that is 1 on the assistant's tokens.
 
     Built from the same ``chat_prompt_ids`` the target was prompted with, so the response tokens
-    sit exactly where the target produced them.
+    sit exactly where the target produced them. A response that ``max_new_tokens`` cut
+    (``"truncated": true``, written by ``dpace.generation``) gets no end token: the target did not
+    end its turn there.
     """
     turns = conversation.get("conversations") or []
     user = next((t for t in turns if t.get("role") == "user"), None)
@@ -39,7 +41,9 @@ def tokenize_conversation(tokenizer, conversation: dict, end_token_id: int) -> t
     if user is None or assistant is None:
         raise ValueError(f"conversation {conversation.get('id')!r} has no user and assistant turn")
     prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": user["content"]}])
-    response = tokenizer(assistant["content"], add_special_tokens=False)["input_ids"] + [end_token_id]
+    response = tokenizer(assistant["content"], add_special_tokens=False)["input_ids"]
+    if not conversation.get("truncated"):
+        response = response + [end_token_id]
     return prompt + response, [0] * len(prompt) + [1] * len(response)
 
 

@@ -24,14 +24,19 @@ from dpace.io import JsonlAppender, atomic_write_jsonl, read_jsonl, read_partial
 from dpace.targets import chat_prompt_ids, load_target, load_tokenizer, resolve_dtype, stop_token_ids
 
 
-def _conversation(row: dict, response: str) -> dict:
-    return {
+def _conversation(row: dict, response: str, truncated: bool) -> dict:
+    conversation = {
         "id": row["id"],
         "conversations": [
             {"role": "user", "content": row["prompt"]},
             {"role": "assistant", "content": response},
         ],
     }
+    if truncated:
+        # max_new_tokens cut the answer: the target never ended its turn here, so the features
+        # must not teach the drafter an end token at this point (dpace.features.tokenize_conversation)
+        conversation["truncated"] = True
+    return conversation
 
 
 def _tokenized_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int) -> tuple[list, int]:
@@ -76,8 +81,10 @@ def _generate_transformers(target_json, todo, out, *, max_new_tokens, temperatur
                     **sampling,
                 )
             for (row, _), new_tokens in zip(batch, output[:, width:].tolist(), strict=True):
-                cut = next((i for i, t in enumerate(new_tokens) if t in stops), len(new_tokens))
-                out.write(_conversation(row, tokenizer.decode(new_tokens[:cut], skip_special_tokens=True)))
+                cut = next((i for i, t in enumerate(new_tokens) if t in stops), None)
+                truncated = cut is None
+                text = tokenizer.decode(new_tokens[: len(new_tokens) if truncated else cut], skip_special_tokens=True)
+                out.write(_conversation(row, text, truncated))
             progress.update(len(batch))
 
 
@@ -111,7 +118,8 @@ def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, bat
                     batch = todo[start : start + batch_size]
                     results = engine.generate(input_ids=[ids for _, ids in batch], sampling_params=sampling)
                     for (row, _), result in zip(batch, results, strict=True):
-                        out.write(_conversation(row, result["text"]))
+                        finish = (result.get("meta_info") or {}).get("finish_reason") or {}
+                        out.write(_conversation(row, result["text"], finish.get("type") == "length"))
                     progress.update(len(batch))
         finally:
             engine.shutdown()

@@ -289,7 +289,10 @@ class _FakeEngine:
 
     def generate(self, input_ids, sampling_params):
         type(self).calls.append(("generate", len(input_ids), dict(sampling_params)))
-        return [{"text": f"answer with {len(ids)} prompt tokens"} for ids in input_ids]
+        # SGLang's meta_info.finish_reason: "length" when max_new_tokens cut the answer
+        reasons = ["length" if i % 2 == 0 else "stop" for i in range(len(input_ids))]
+        return [{"text": f"{reason} answer with {len(ids)} prompt tokens", "meta_info": {"finish_reason": {"type": reason}}}
+                for ids, reason in zip(input_ids, reasons, strict=True)]
 
     def shutdown(self):
         type(self).calls.append(("shutdown",))
@@ -315,6 +318,10 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
     assert [r["id"] for r in rows] == [p["id"] for p in prompts]  # the prompts' order
     assert rows[2]["conversations"][1]["content"] == "earlier"
     assert rows[0]["conversations"][0] == {"role": "user", "content": "Tell me about 0."}
+    answers = [row for row in rows if row["id"] != "p2"]  # p2 was resumed from the scratch file
+    assert {row.get("truncated", False) for row in answers} == {True, False}
+    for row in answers:
+        assert row.get("truncated", False) == row["conversations"][1]["content"].startswith("length")
     generates = [c for c in _FakeEngine.calls if c[0] == "generate"]
     assert [c[1] for c in generates] == [3, 1]
     assert generates[0][2]["temperature"] == 1.0 and generates[0][2]["max_new_tokens"] == 7

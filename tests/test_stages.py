@@ -37,9 +37,24 @@ def test_batched_generation_equals_one_at_a_time(tmp_path, tiny_target_json):
     stops = stop_token_ids(tokenizer)
     for prompt, row in zip(PROMPTS, rows, strict=True):
         ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": prompt["prompt"]}])
-        expected = tokenizer.decode(_greedy_one(model, ids, 12, stops), skip_special_tokens=True)
+        greedy = _greedy_one(model, ids, 12, stops)
+        expected = tokenizer.decode(greedy, skip_special_tokens=True)
         assert row["conversations"][0] == {"role": "user", "content": prompt["prompt"]}
         assert row["conversations"][1] == {"role": "assistant", "content": expected}
+        # an answer that max_new_tokens cut (no stop token in its 12) is marked as such
+        assert row.get("truncated", False) == (len(greedy) == 12)
+
+
+def test_a_cut_answer_gets_no_end_token_a_finished_one_does(tiny_target_json):
+    _, tokenizer = load_target(tiny_target_json)
+    end = tokenizer.eos_token_id
+    finished = {"id": "f", "conversations": [{"role": "user", "content": "hi"}, {"role": "assistant", "content": "hello there"}]}
+    cut = {**finished, "truncated": True}
+    answer = tokenizer("hello there", add_special_tokens=False)["input_ids"]
+    finished_ids, finished_mask = tokenize_conversation(tokenizer, finished, end)
+    cut_ids, cut_mask = tokenize_conversation(tokenizer, cut, end)
+    assert finished_ids[-len(answer) - 1:] == answer + [end] and sum(finished_mask) == len(answer) + 1
+    assert cut_ids == finished_ids[:-1] and cut_ids[-len(answer):] == answer and sum(cut_mask) == len(answer)
 
 
 def test_generation_resumes_from_scratch_file(tmp_path, tiny_target_json):
