@@ -66,21 +66,14 @@ def first_answer_tokens(features, max_answer_tokens: int):
     """Each sequence cut after its first ``max_answer_tokens`` answer (loss) tokens. The target is causal,
     so the cut sequence's features are those of a shorter answer: a stand-in for generating at most
     that many tokens per training prompt."""
-    from dpace.features import FeatureSet
-
-    pieces = []
+    spans = []
     for index in range(len(features)):
         start, end = int(features.offsets[index]), int(features.offsets[index + 1])
         answer_positions = features.loss_mask[start:end].nonzero().flatten()
         if len(answer_positions) > max_answer_tokens:
             end = start + int(answer_positions[max_answer_tokens - 1]) + 1
-        pieces.append(FeatureSet(
-            input_ids=features.input_ids[start:end], loss_mask=features.loss_mask[start:end],
-            offsets=torch.tensor([0, end - start]),
-            hidden=None if features.hidden is None else features.hidden[start:end],
-            last_hidden=None if features.last_hidden is None else features.last_hidden[start:end],
-            layer_ids=list(features.layer_ids)))
-    return FeatureSet.concatenate(pieces)
+        spans.append((start, end))
+    return features.slices(spans)
 
 
 def benchmark_answer_features(run_dir: Path, target, tokenizer, records_path: Path, layer_ids: list[int]):

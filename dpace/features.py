@@ -72,7 +72,10 @@ class FeatureSet:
 
     def select(self, indices) -> FeatureSet:
         """The sequences ``indices``, in that order, as a new set (e.g. a held-out split)."""
-        spans = [(int(self.offsets[i]), int(self.offsets[i + 1])) for i in indices]
+        return self.slices([(int(self.offsets[i]), int(self.offsets[i + 1])) for i in indices])
+
+    def slices(self, spans: list[tuple[int, int]]) -> FeatureSet:
+        """A new set whose sequences are the token ranges ``spans`` ([start, end) of the flat tensors)."""
         lengths = torch.tensor([0] + [end - start for start, end in spans])
 
         def take(tensor):

@@ -81,10 +81,9 @@ def _generate_transformers(target_json, todo, out, *, max_new_tokens, temperatur
                     **sampling,
                 )
             for (row, _), new_tokens in zip(batch, output[:, width:].tolist(), strict=True):
-                cut = next((i for i, t in enumerate(new_tokens) if t in stops), None)
-                truncated = cut is None
-                text = tokenizer.decode(new_tokens[: len(new_tokens) if truncated else cut], skip_special_tokens=True)
-                out.write(_conversation(row, text, truncated))
+                cut = next((i for i, t in enumerate(new_tokens) if t in stops), len(new_tokens))
+                text = tokenizer.decode(new_tokens[:cut], skip_special_tokens=True)
+                out.write(_conversation(row, text, truncated=cut == len(new_tokens)))  # no stop token: cut
             progress.update(len(batch))
 
 
