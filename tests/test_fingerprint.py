@@ -95,6 +95,7 @@ def test_every_module_loaded_by_a_script_imports_is_in_its_fingerprint(script, l
     assert set(_named_modules(script)) <= loaded  # the fork imported what the script names
     assert loaded <= set(script_modules(script)), sorted(loaded - set(script_modules(script)))
 
+
 def test_lazily_imported_backends_are_part_of_their_stage():
     """Imports inside functions count: the GPU backends are imported only when configured."""
     scripts = REPO / "workflow" / "scripts"
