@@ -76,6 +76,7 @@ def test_bad_config_is_rejected_with_the_key_named(key, value, message):
 SNAKEMAKE_BAD = [case for case in BAD if case[0] in (
     "colour", "train.learning_rate", "eval.temperatures", "experiments.main.objectives", "targets.tiny.target_layer_ids",
 )]
+assert len(SNAKEMAKE_BAD) == 5, "a renamed case in BAD dropped out of the Snakemake selection"
 
 
 @pytest.mark.slow  # one Snakemake process per case
