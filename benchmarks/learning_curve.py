@@ -177,6 +177,7 @@ def run(args) -> dict:
         precision=args.precision, drafter_init=args.drafter_init, micro_batch_size=args.micro_batch_size,
         grad_accumulation=args.grad_accumulation, threads=args.threads, save_every_steps=10**9,
         draft_vocab_size=args.draft_vocab_size, sliding_window=args.sliding_window,
+        feature_scaling=args.feature_scaling,
     )
     out = Path(args.work_dir) / args.name
     started = time.perf_counter()
@@ -269,6 +270,7 @@ if __name__ == "__main__":
     parser.add_argument("--grad-accumulation", type=int, default=2)
     parser.add_argument("--drafter-init", default="random")
     parser.add_argument("--draft-vocab-size", type=int, default=0, help="0: the whole vocabulary (the paper)")
+    parser.add_argument("--feature-scaling", default="none", help="none (the paper) | rms")
     parser.add_argument("--sliding-window", type=int, default=0, help="0: full attention (the paper)")
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--note", help="a remark stored with the record (e.g. what else ran on the machine)")

@@ -216,9 +216,17 @@ def check_config(config: dict) -> None:
             f"train.drafter_init: {config['train']['drafter_init']!r} needs train.backend local "
             "(SpecForge initialises its drafter at random); valid with specforge: random"
         )
-    if config["train"].get("drafter_init") == "scaled" and config["features"]["mode"] != "cached":
-        raise ConfigError("train.drafter_init: 'scaled' reads each feature's RMS from the cached features; "
-                          "it needs features.mode: cached")
+    scaling = config["train"].get("feature_scaling", "none")
+    if scaling != "none":
+        if config["train"]["backend"] != "local":
+            raise ConfigError(f"train.feature_scaling: {scaling!r} needs train.backend local "
+                              "(SpecForge feeds fc the raw features); valid with specforge: none")
+        if config["features"]["mode"] != "cached":
+            raise ConfigError(f"train.feature_scaling: {scaling!r} reads each feature's RMS from the cached "
+                              "features; it needs features.mode: cached")
+        if config["train"].get("drafter_init", "random") == "target":
+            raise ConfigError(f"train.feature_scaling: {scaling!r} cannot start from drafter_init: target, "
+                              "which passes the raw deepest feature through fc")
     # Settings only this project's own loop and decoder implement; the engines would silently ignore them.
     local_only = {
         "draft_vocab_size": "SpecForge and SGLang score the whole vocabulary",

@@ -119,23 +119,28 @@ def build_drafter(config: Qwen3Config, seed: int = 0, attention_backend: str = "
         return DFlashDraftModel(config).float()
 
 
-DRAFTER_INITS = ("random", "target", "scaled")
+DRAFTER_INITS = ("random", "target")
+FEATURE_SCALINGS = ("none", "rms")
 
 
-def scale_fc_to_features(drafter, hidden_sample: torch.Tensor) -> None:
-    """``drafter_init: scaled``: divide each input column of ``fc`` by the RMS of that target feature.
+def with_raw_feature_input(drafter, feature_scale: torch.Tensor):
+    """A copy of ``drafter`` that takes raw target features, for one trained on features / ``feature_scale``.
 
-    Target hidden states carry a few massive activations (SmolLM2: 5 of 576 dimensions hold over half
-    the energy of every layer's state, at values in the hundreds). Through a randomly initialised
-    ``fc`` and its RMSNorm they make every context position look alike, and a short run spends its
-    steps unlearning them. Scaled columns give each feature dimension the same weight at step 0; the
-    architecture, and so the saved checkpoint, is unchanged.
+    ``train.feature_scaling: rms`` (a named deviation) trains on each target feature dimension divided
+    by its RMS: SmolLM2's states hold over half their energy in 5 of 576 dimensions, so raw features
+    make every context position look alike to ``fc`` (mean pairwise cosine 0.57; 0.05 once scaled).
+    Dividing the inputs, not just ``fc``'s initial columns, keeps AdamW's per-weight steps the same
+    size for every dimension. fc(x / s) = (W / s) x, so the checkpoint is an ordinary DFlash drafter
+    whose ``fc`` columns are divided by s: decoding feeds it the target's raw states.
     """
-    rms = hidden_sample.float().pow(2).mean(dim=0).sqrt().clamp_min(1e-6)
-    if rms.shape[0] != drafter.fc.weight.shape[1]:
-        raise ValueError(f"features have {rms.shape[0]} dimensions; the drafter's fc takes {drafter.fc.weight.shape[1]}")
+    import copy
+
+    if feature_scale.shape != (drafter.fc.weight.shape[1],):
+        raise ValueError(f"feature_scale has shape {tuple(feature_scale.shape)}; fc takes {drafter.fc.weight.shape[1]} features")
+    raw_input = copy.deepcopy(drafter)
     with torch.no_grad():
-        drafter.fc.weight.div_(rms.to(drafter.fc.weight.device))
+        raw_input.fc.weight.div_(feature_scale.to(raw_input.fc.weight))
+    return raw_input
 
 
 def initialise_from_target(drafter, target) -> None:

@@ -121,6 +121,25 @@ class FeatureSet:
         return item
 
 
+def answer_feature_rms(features: FeatureSet, rows_per_chunk: int = 16384) -> torch.Tensor:
+    """Each target feature dimension's RMS over the answer (loss-mask) positions, float32 [len(layer_ids) * H].
+
+    Answer positions only: the first token of every sequence carries the target's attention-sink
+    activations (SmolLM2: up to 25,000, where no dimension's RMS over the answers exceeds 450), which
+    would set a few dimensions' scale by one position per sequence that a drafter rarely attends to.
+    """
+    if features.hidden is None:
+        raise ValueError("feature RMS needs cached features (features.mode: cached)")
+    answer = features.loss_mask > 0
+    if not answer.any():
+        raise ValueError("the features hold no answer positions")
+    squares = torch.zeros(features.hidden.shape[-1], dtype=torch.float64)
+    for start in range(0, len(answer), rows_per_chunk):
+        rows = features.hidden[start : start + rows_per_chunk][answer[start : start + rows_per_chunk]]
+        squares += rows.double().pow(2).sum(0)
+    return (squares / int(answer.sum())).sqrt().clamp_min(1e-6).float()
+
+
 def compute_features(
     target_json: str | Path,
     conversations_path: str | Path,

@@ -25,13 +25,14 @@ from tqdm import tqdm
 from dpace.draft_vocab import select_draft_vocab
 from dpace.drafter import (
     DRAFTER_INITS,
+    FEATURE_SCALINGS,
     build_drafter,
     drafter_config,
     initialise_from_target,
     save_drafter,
-    scale_fc_to_features,
+    with_raw_feature_input,
 )
-from dpace.features import FeatureSet, load_features, target_hidden_states
+from dpace.features import FeatureSet, answer_feature_rms, load_features, target_hidden_states
 from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, read_partial_jsonl
 from dpace.objectives import canonical_objective, objective_record, resolve_hparams
@@ -77,6 +78,10 @@ class TrainConfig:
     # 0: every drafter layer attends to the whole context (the paper). W > 0: to the last W positions only
     # (DFlash's sliding_attention layers), a named deviation (dpace.drafter.drafter_config).
     sliding_window: int = 0
+    # "none": the drafter's fc reads the target's raw hidden states (the paper). "rms": it trains on each
+    # feature dimension divided by its RMS over the answers, and saves fc with the scale folded in, so the
+    # checkpoint decodes from raw states (a named deviation: dpace.drafter.with_raw_feature_input).
+    feature_scaling: str = "none"
 
 
 def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
@@ -161,6 +166,11 @@ def train_drafter(
         raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
     if config.drafter_init not in DRAFTER_INITS:
         raise ValueError(f"drafter_init {config.drafter_init!r}; valid: {', '.join(DRAFTER_INITS)}")
+    if config.feature_scaling not in FEATURE_SCALINGS:
+        raise ValueError(f"feature_scaling {config.feature_scaling!r}; valid: {', '.join(FEATURE_SCALINGS)}")
+    if config.feature_scaling != "none" and config.drafter_init == "target":
+        raise ValueError("drafter_init target passes the target's raw deepest feature through fc; "
+                         "it cannot start from scaled features (feature_scaling: none)")
     if config.draft_vocab_size < 0:
         raise ValueError(f"draft_vocab_size must be >= 0 (0: the target's whole vocabulary), got {config.draft_vocab_size}")
     if config.attention_backend not in ATTENTION_BACKENDS:
@@ -214,11 +224,12 @@ def train_drafter(
     drafter = build_drafter(draft_config, seed=config.seed, attention_backend=config.attention_backend)
     if config.drafter_init == "target":
         initialise_from_target(drafter, target)
-    elif config.drafter_init == "scaled":
-        if features.hidden is None:
-            raise ValueError("drafter_init scaled needs cached features (features.mode: cached)")
-        scale_fc_to_features(drafter, features.hidden[:: max(1, len(features.hidden) // 20000)])
     drafter.to(device)
+    feature_scale = None  # the batches' features are divided by it; the saved fc has it folded in
+    if config.feature_scaling == "rms":
+        if online:
+            raise ValueError("feature_scaling rms needs cached features (features.mode: cached)")
+        feature_scale = answer_feature_rms(features).to(device)
     model = ObjectiveDFlashModel(
         draft_model=drafter,
         target_lm_head=target.lm_head,
@@ -301,7 +312,7 @@ def train_drafter(
                             batch["hidden"], batch["last_hidden"] = hidden, last
                         loss, accuracy, metrics = model(
                             input_ids=batch["input_ids"],
-                            hidden_states=batch["hidden"],
+                            hidden_states=batch["hidden"] if feature_scale is None else batch["hidden"] / feature_scale,
                             loss_mask=batch["loss_mask"],
                             target_last_hidden_states=batch.get("last_hidden") if needs_target else None,
                         )
@@ -346,7 +357,8 @@ def train_drafter(
                     save_state()
                     return {"stopped_at_step": global_step}
             epoch, step_in_epoch = epoch + 1, 0
-            save_drafter(drafter, out_dir / f"epoch-{epoch}")
+            save_drafter(drafter if feature_scale is None else with_raw_feature_input(drafter, feature_scale),
+                         out_dir / f"epoch-{epoch}")
             save_state()
     finally:
         progress.close()

@@ -60,7 +60,8 @@ BAD = [
     ("train.attention_backend", "flash", r"train\.attention_backend: 'flash' is not one of \['sdpa', 'flex_attention'\]"),
     ("targets.tiny.responses", "answers/sharegpt.jsonl", r"targets\.tiny\.responses: .* named like the generated set 'sharegpt'"),
     ("eval.sampled_prompts_per_benchmark", 0, r"eval\.sampled_prompts_per_benchmark: 0 is less than the minimum of 1"),
-    ("train.drafter_init", "pretrained", r"train\.drafter_init: 'pretrained' is not one of \['random', 'target', 'scaled'\]"),
+    ("train.drafter_init", "pretrained", r"train\.drafter_init: 'pretrained' is not one of \['random', 'target'\]"),
+    ("train.feature_scaling", "std", r"train\.feature_scaling: 'std' is not one of \['none', 'rms'\]"),
 ]
 
 
@@ -143,17 +144,24 @@ def test_a_training_mixture_needs_a_count_per_set():
     assert training_prompt_counts(single) == {"codealpaca": 5} and training_data(single, "tiny") == "codealpaca"
 
 
-@pytest.mark.parametrize("init", ["target", "scaled"])
-def test_a_named_drafter_init_needs_the_local_loop(init):
-    local = _set(SMOKE, "train.drafter_init", init)
+def test_a_named_drafter_init_needs_the_local_loop():
+    local = _set(SMOKE, "train.drafter_init", "target")
     validate_config(local)
-    with pytest.raises(ConfigError, match=rf"train\.drafter_init: '{init}' needs train\.backend local"):
+    with pytest.raises(ConfigError, match=r"train\.drafter_init: 'target' needs train\.backend local"):
         validate_config(_set(local, "train.backend", "specforge"))
 
 
-def test_a_scaled_fc_needs_cached_features():
-    with pytest.raises(ConfigError, match=r"train\.drafter_init: 'scaled' .* needs features\.mode: cached"):
-        validate_config(_set(_set(SMOKE, "train.drafter_init", "scaled"), "features.mode", "online"))
+def test_rms_feature_scaling_needs_the_local_loop_cached_features_and_a_random_fc():
+    scaled = _set(_set(SMOKE, "train.feature_scaling", "rms"), "train.drafter_init", "random")
+    validate_config(scaled)
+    paper_like = _set(_set(scaled, "train.draft_vocab_size", 0), "train.sliding_window", 0)
+    validate_config(_set(paper_like, "eval.backend", "sglang"))  # its checkpoint is an ordinary DFlash drafter
+    with pytest.raises(ConfigError, match=r"train\.feature_scaling: 'rms' needs train\.backend local"):
+        validate_config(_set(scaled, "train.backend", "specforge"))
+    with pytest.raises(ConfigError, match=r"train\.feature_scaling: 'rms' .* needs features\.mode: cached"):
+        validate_config(_set(scaled, "features.mode", "online"))
+    with pytest.raises(ConfigError, match=r"train\.feature_scaling: 'rms' cannot start from drafter_init: target"):
+        validate_config(_set(scaled, "train.drafter_init", "target"))
 
 
 @pytest.mark.parametrize(("setting", "value"), [("draft_vocab_size", 64), ("sliding_window", 16)])

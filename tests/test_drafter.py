@@ -121,3 +121,44 @@ def test_a_sliding_window_drafter_sees_the_same_context_in_training_and_in_decod
     assert loaded.layers[0].self_attn.sliding_window == window
     torch.testing.assert_close(training_side[0, -block_size:], decoding_side[0, -block_size:], rtol=1e-5, atol=1e-5)
     assert not torch.allclose(training_side, full_attention, atol=1e-3)  # the window does hide context
+
+
+def test_a_drafter_trained_on_scaled_features_decodes_the_targets_raw_ones(tmp_path):
+    """``train.feature_scaling: rms``: training feeds fc the features divided by a scale; the checkpoint, with
+    the scale folded into fc, is loaded by dflash's class and fed the target's raw states, and must give the
+    block exactly what the training drafter gave it."""
+    from specforge.algorithms.common.dflash_family_model import create_dflash_sdpa_mask
+
+    from dpace.drafter import with_raw_feature_input
+
+    block_size, context, width = 4, 10, 3 * TARGET.hidden_size
+    trained = build_drafter(drafter_config(TARGET, depth=1, block_size=block_size, target_layer_ids=[1, 3, 4],
+                                           mask_token_id=95), seed=5).eval()
+    generator = torch.Generator().manual_seed(1)
+    scale = torch.rand(width, generator=generator) * 300 + 0.5  # a few dimensions hundreds of times the others
+    raw = torch.randn(1, context + 1, width, generator=generator) * scale
+    noise = torch.randn(1, block_size, TARGET.hidden_size, generator=generator)
+    fc_before = trained.fc.weight.clone()
+    save_drafter(with_raw_feature_input(trained, scale), tmp_path / "folded")
+    save_drafter(trained, tmp_path / "unfolded")
+    assert torch.equal(trained.fc.weight, fc_before)  # the copy is folded; training goes on with its own fc
+
+    positions = torch.arange(context + 1 + block_size)[None]
+    positions[0, context + 1:] = torch.arange(context, context + block_size)
+    mask = create_dflash_sdpa_mask(torch.tensor([[context]]), torch.tensor([[True]]), context + 1, block_size, "cpu")
+    with torch.no_grad():
+        training_side = trained(position_ids=positions, noise_embedding=noise, target_hidden=raw / scale,
+                                attention_mask=mask)[0, -block_size:]
+        decode = lambda folder: load_drafter(folder)(  # noqa: E731
+            position_ids=torch.arange(context + block_size)[None], noise_embedding=noise,
+            target_hidden=raw[:, :context])[0, -block_size:]
+        folded = decode(tmp_path / "folded")
+        # What the block attends to: the context states fc and its norm make of the features.
+        context_states = {name: (lambda d: d.hidden_norm(d.fc(raw)))(load_drafter(tmp_path / name))
+                          for name in ("folded", "unfolded")}
+        trained_context_states = trained.hidden_norm(trained.fc(raw / scale))
+    torch.testing.assert_close(folded, training_side, rtol=1e-4, atol=1e-4)
+    torch.testing.assert_close(context_states["folded"], trained_context_states, rtol=1e-4, atol=1e-4)
+    assert not torch.allclose(context_states["unfolded"], trained_context_states, atol=0.1)  # raw states, unfolded fc
+    with pytest.raises(ValueError, match=r"feature_scale has shape \(95,\); fc takes 96 features"):
+        with_raw_feature_input(trained, scale[:-1])

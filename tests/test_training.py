@@ -296,3 +296,47 @@ def test_drafter_init_target_starts_training_from_the_targets_top_layer(tmp_path
     with pytest.raises(ValueError, match="drafter_init 'pretrained'"):
         train_drafter(small_config(drafter_init="pretrained"), target_json=tiny_target_json, features_dir=features_dir,
                       out_dir=tmp_path / "bad", scratch_dir=tmp_path / "scratch-bad")
+
+
+def test_feature_rms_is_taken_over_the_answer_positions_only():
+    from dpace.features import FeatureSet, answer_feature_rms
+
+    hidden = torch.tensor([[5000.0, 1.0], [3.0, 4.0], [4.0, -3.0], [0.0, 2.0]]).bfloat16()
+    features = FeatureSet(input_ids=torch.arange(4, dtype=torch.int32), loss_mask=torch.tensor([0, 1, 1, 0], dtype=torch.uint8),
+                          offsets=torch.tensor([0, 4]), hidden=hidden, last_hidden=None, layer_ids=[1])
+    # The first (prompt) row's sink-sized value does not count; rows 1 and 2 do, in chunks of one row.
+    torch.testing.assert_close(answer_feature_rms(features, rows_per_chunk=1), torch.tensor([12.5, 12.5]).sqrt())
+    with pytest.raises(ValueError, match="no answer positions"):
+        answer_feature_rms(FeatureSet(input_ids=features.input_ids, loss_mask=torch.zeros(4, dtype=torch.uint8),
+                                      offsets=features.offsets, hidden=hidden, last_hidden=None, layer_ids=[1]))
+
+
+def test_rms_feature_scaling_trains_on_scaled_features_and_saves_fc_folded(tmp_path, tiny_target_json, features_dir):
+    """feature_scaling rms must train exactly as the paper's loop on features divided by their RMS, and save
+    a checkpoint that takes the raw features: its fc is that run's fc divided by the RMS."""
+    from dpace.features import answer_feature_rms, load_features
+
+    rms = answer_feature_rms(load_features(features_dir))
+    assert rms.max() / rms.min() > 2  # the tiny target's feature dimensions do differ in scale
+    divided = copy_features(features_dir, tmp_path / "divided",
+                            lambda t: t.__setitem__("hidden", (t["hidden"].float() / rms).bfloat16()))
+    runs = {}
+    for name, folder, scaling in (("scaled", features_dir, "rms"), ("divided", divided, "none"),
+                                  ("raw", features_dir, "none")):
+        train_drafter(small_config(epochs=1, feature_scaling=scaling), target_json=tiny_target_json,
+                      features_dir=folder, out_dir=tmp_path / name, scratch_dir=tmp_path / f"s-{name}")
+        losses = [json.loads(line)["loss"] for line in (tmp_path / name / "steps.jsonl").read_text().splitlines()]
+        runs[name] = losses, weights(tmp_path / name / "epoch-1")
+    # Up to the bf16 rounding of the divided copy, the same run, whose fc the checkpoint holds divided by the RMS.
+    assert runs["scaled"][0] == pytest.approx(runs["divided"][0], rel=2e-2)
+    scaled_fc, divided_fc, raw_fc = (runs[name][1]["fc.weight"] for name in ("scaled", "divided", "raw"))
+    # Both end where the paper's loop on raw features does not: the distance to the divided run is what bf16
+    # rounding of the copy leaves, a small fraction of what training on raw features moves fc by.
+    folding_error, raw_distance = (scaled_fc * rms - divided_fc).norm(), (raw_fc - divided_fc).norm()
+    assert folding_error < 0.25 * raw_distance
+    with pytest.raises(ValueError, match="feature_scaling 'std'; valid: none, rms"):
+        train_drafter(small_config(feature_scaling="std"), target_json=tiny_target_json, features_dir=features_dir,
+                      out_dir=tmp_path / "bad", scratch_dir=tmp_path / "s-bad")
+    with pytest.raises(ValueError, match=r"drafter_init target .*\(feature_scaling: none\)"):
+        train_drafter(small_config(feature_scaling="rms", drafter_init="target"), target_json=tiny_target_json,
+                      features_dir=features_dir, out_dir=tmp_path / "bad", scratch_dir=tmp_path / "s-bad")

@@ -29,6 +29,7 @@ rule train_drafter:
         precision=config["train"]["precision"],
         attention_backend=config["train"]["attention_backend"],
         drafter_init=config["train"]["drafter_init"],
+        feature_scaling=config["train"]["feature_scaling"],
         draft_vocab_size=config["train"]["draft_vocab_size"],
         sliding_window=config["train"]["sliding_window"],
         seed=config["seed"],

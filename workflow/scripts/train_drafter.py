@@ -49,6 +49,7 @@ elif params.backend == "local":
             precision=params.precision,
             attention_backend=params.attention_backend,
             drafter_init=params.drafter_init,
+            feature_scaling=params.feature_scaling,
             draft_vocab_size=params.draft_vocab_size,
             sliding_window=params.sliding_window,
             threads=snakemake.threads,
