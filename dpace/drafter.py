@@ -7,6 +7,7 @@ from the first loads into the second with ``from_pretrained``.
 
 from __future__ import annotations
 
+import copy
 from pathlib import Path
 
 import torch
@@ -133,8 +134,6 @@ def with_raw_feature_input(drafter, feature_scale: torch.Tensor):
     size for every dimension. fc(x / s) = (W / s) x, so the checkpoint is an ordinary DFlash drafter
     whose ``fc`` columns are divided by s: decoding feeds it the target's raw states.
     """
-    import copy
-
     if feature_scale.shape != (drafter.fc.weight.shape[1],):
         raise ValueError(f"feature_scale has shape {tuple(feature_scale.shape)}; fc takes {drafter.fc.weight.shape[1]} features")
     raw_input = copy.deepcopy(drafter)
