@@ -12,8 +12,11 @@ widened by the inverse, and a benchmark with a single prompt gives no interval (
 
 from __future__ import annotations
 
+import argparse
+import json
 import math
 from collections.abc import Sequence
+from pathlib import Path
 
 import numpy as np
 import pandas as pd
@@ -142,3 +145,47 @@ def experiment_comparisons(
                     "objective": drafter["objective"].iloc[0], "reference_variant": reference_variant, **result,
                 })
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
+
+
+def compare_summaries(summary_path, reference_path, *, resamples: int = 2000, seed: int = 0) -> pd.DataFrame:
+    """One drafter's evaluation (an ``evaluate`` job's ``summary.json``) against another's, per temperature.
+
+    For drafters that no experiment pairs: two runs, two training seeds, two configs. Both must have
+    decoded the same prompts (the same ``data`` settings and seed), as the tables' comparisons require.
+    """
+    def requests_by_temperature(path) -> dict[float, dict[str, list]]:
+        cells: dict[float, dict[str, list]] = {}
+        for row in json.loads(Path(path).read_text()):
+            cells.setdefault(float(row["temperature"]), {})[row["benchmark"]] = row["requests"]
+        return cells
+
+    ours, theirs = requests_by_temperature(summary_path), requests_by_temperature(reference_path)
+    if set(ours) != set(theirs):
+        raise ValueError(f"temperatures differ: {sorted(ours)} in {summary_path}, {sorted(theirs)} in {reference_path}")
+    rows = [
+        {"temperature": temperature, **result}
+        for temperature in sorted(ours)
+        for result in paired_bootstrap(ours[temperature], theirs[temperature], resamples=resamples, seed=seed)
+    ]
+    return pd.DataFrame(rows)
+
+
+def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
+    parser = argparse.ArgumentParser(
+        prog="python -m dpace.intervals",
+        description="Paired bootstrap of tau and SR: drafter A's evaluation summary.json against drafter B's.",
+    )
+    parser.add_argument("summary", help="drafter A: results/eval/<target>/<variant>/epoch-<e>/<suite>/summary.json")
+    parser.add_argument("reference", help="drafter B (the reference), evaluated on the same prompts")
+    parser.add_argument("--resamples", type=int, default=2000)
+    parser.add_argument("--seed", type=int, default=0)
+    args = parser.parse_args(argv)
+    table = compare_summaries(args.summary, args.reference, resamples=args.resamples, seed=args.seed)
+    columns = ["temperature", "metric", "benchmark", "value", "reference_value", "difference", "ci_low", "ci_high",
+               "significant", "num_prompts"]
+    print(table[columns].to_string(index=False, float_format=lambda value: f"{value:.3f}"))
+    return table
+
+
+if __name__ == "__main__":
+    main()

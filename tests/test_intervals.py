@@ -2,11 +2,13 @@
 
 from __future__ import annotations
 
+import json
+
 import numpy as np
 import pandas as pd
 import pytest
 
-from dpace.intervals import experiment_comparisons, paired_bootstrap
+from dpace.intervals import compare_summaries, experiment_comparisons, main, paired_bootstrap
 
 BENCHMARKS = ("gsm8k", "mbpp", "mt_bench")
 
@@ -128,3 +130,41 @@ def test_interval_width_matches_the_unbiased_standard_error_with_few_prompts():
     standard_error = np.sqrt((differences.var(axis=1, ddof=1) / 3).sum()) / 3
     width = row["ci_high"] - row["ci_low"]
     assert width == pytest.approx(2 * 1.96 * standard_error, rel=0.1)  # unwidened: 0.82 of it
+
+
+def _summary_file(path, cells: dict[float, dict]) -> str:
+    """An evaluate job's summary.json: one row per (benchmark, temperature), with its requests."""
+    rows = [{"benchmark": benchmark, "temperature": temperature, "tau": float(np.mean([r["tau"] for r in requests])),
+             "requests": requests}
+            for temperature, by_benchmark in cells.items() for benchmark, requests in by_benchmark.items()]
+    path.write_text(json.dumps(rows))
+    return str(path)
+
+
+def test_two_summaries_are_compared_per_temperature_from_their_files(tmp_path, capsys):
+    base = _prompt_difficulty(12)
+    sampled = _prompt_difficulty(1, seed=3)  # T = 1: one prompt per benchmark, as the embedded default
+    better = _summary_file(tmp_path / "a.json", {0.0: _requests(base * 1.05), 1.0: _requests(sampled + 0.2)})
+    reference = _summary_file(tmp_path / "b.json", {0.0: _requests(base), 1.0: _requests(sampled)})
+
+    table = main([better, reference, "--resamples", "500"])
+
+    t0 = table[(table["temperature"] == 0.0) & (table["benchmark"] == "avg") & (table["metric"] == "tau")].iloc[0]
+    assert t0["significant"] and t0["ci_low"] <= 0.05 * base.mean() <= t0["ci_high"]
+    assert t0["difference"] == pytest.approx(0.05 * base.mean())
+    t1 = table[(table["temperature"] == 1.0) & (table["benchmark"] == "avg") & (table["metric"] == "tau")].iloc[0]
+    assert t1["difference"] == pytest.approx(0.2) and not t1["significant"]  # one prompt: no interval
+    assert "avg" in capsys.readouterr().out
+    swapped = compare_summaries(reference, better, resamples=500)  # the same comparison, the other way round
+    assert swapped.query("temperature == 0 and benchmark == 'avg' and metric == 'tau'")["ci_high"].iloc[0] < 0
+
+
+def test_summaries_of_other_prompts_or_temperatures_are_refused(tmp_path):
+    base = _prompt_difficulty(4)
+    reference = _summary_file(tmp_path / "b.json", {0.0: _requests(base)})
+    other_prompts = _requests(base)
+    other_prompts["mbpp"][0]["id"] = "mbpp-elsewhere"
+    with pytest.raises(ValueError, match="different prompts"):
+        compare_summaries(_summary_file(tmp_path / "a.json", {0.0: other_prompts}), reference)
+    with pytest.raises(ValueError, match="temperatures differ"):
+        compare_summaries(_summary_file(tmp_path / "c.json", {0.0: _requests(base), 1.0: _requests(base)}), reference)
