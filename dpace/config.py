@@ -30,6 +30,9 @@ class Variant:
     hparams: tuple  # sorted (name, value) pairs after defaults are filled in
     normalization: str | None
     epochs: int
+    # train.seed where it differs from the top-level seed (which also picks the prompts): a second
+    # training run of the same drafter on the same answers, named apart from the first.
+    training_seed: int | None = None
 
     @property
     def id(self) -> str:
@@ -39,7 +42,13 @@ class Variant:
         if self.normalization:
             parts.append(f"n{self.normalization}")
         parts.append(f"e{self.epochs}")
+        if self.training_seed is not None:
+            parts.append(f"s{self.training_seed}")
         return "-".join(parts)
+
+    def seed(self, config_seed: int) -> int:
+        """The seed this drafter trains with: its own, or the run's."""
+        return config_seed if self.training_seed is None else self.training_seed
 
     def train_settings(self) -> dict:
         return {
@@ -76,6 +85,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
             normalization = None
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
+    training_seed = train.get("seed")
     return Variant(
         target=target,
         objective=objective,
@@ -84,6 +94,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
         hparams=tuple(sorted(resolved.items())),
         normalization=normalization,
         epochs=int(epochs or train["epochs"]),
+        training_seed=None if training_seed is None or training_seed == config["seed"] else int(training_seed),
     )
 
 

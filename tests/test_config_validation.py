@@ -62,6 +62,7 @@ BAD = [
     ("eval.sampled_prompts_per_benchmark", 0, r"eval\.sampled_prompts_per_benchmark: 0 is less than the minimum of 1"),
     ("train.drafter_init", "pretrained", r"train\.drafter_init: 'pretrained' is not one of \['random', 'target'\]"),
     ("train.feature_scaling", "std", r"train\.feature_scaling: 'std' is not one of \['none', 'rms'\]"),
+    ("train.seed", -1, r"train\.seed: -1 is less than the minimum of 0"),
 ]
 
 
@@ -129,6 +130,15 @@ def test_paper_grid_expands_to_the_papers_variants():
     ids = {v.id for v in expanded["block_size"].variants} & {v.id for v in expanded["smoothing"].variants}
     assert "dpace-alpha0.5-d3-b16-e6" in ids
     assert len(all_variants(PAPER)) < sum(len(g.variants) for g in expanded.values())
+
+
+def test_a_training_seed_names_new_drafters_only_where_it_differs_from_the_run_seed():
+    ids = {v.id for v in all_variants(SMOKE).values()}
+    assert {v.id for v in all_variants(_set(SMOKE, "train.seed", SMOKE["seed"])).values()} == ids
+    reseeded = all_variants(_set(SMOKE, "train.seed", SMOKE["seed"] + 2)).values()
+    assert {v.id for v in reseeded} == {f"{i}-s{SMOKE['seed'] + 2}" for i in ids}
+    assert {v.seed(SMOKE["seed"]) for v in reseeded} == {SMOKE["seed"] + 2}
+    assert {v.seed(SMOKE["seed"]) for v in all_variants(SMOKE).values()} == {SMOKE["seed"]}
 
 
 def test_a_training_mixture_needs_a_count_per_set():

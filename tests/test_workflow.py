@@ -190,3 +190,28 @@ def test_no_secret_in_params_logs_or_results(smoke_run):
     assert not leaked
 
 
+
+
+def test_a_training_seed_trains_the_drafters_again_on_the_same_answers(smoke_run):
+    """train.seed: a second training run of Table 1's drafters, named apart, from the cached features."""
+    from dpace.config import experiments
+
+    workdir, _ = smoke_run
+    main = experiments(SMOKE)["main"].variants
+    seeded = write_config(workdir, **{"train.seed": SMOKE["seed"] + 1})
+    # No new prompts, answers or features: only the drafters, their evaluations and the table.
+    assert planned_jobs(snakemake(workdir, seeded, "-n", "results/table_main.tex")) == {
+        "train_drafter": len(main), "evaluate": len(main), "experiment_metrics": 1, "render_table": 1}
+    first = main[0]
+    drafters = workdir / "results" / "drafters" / first.target
+    before = (drafters / first.id / "steps.jsonl").stat().st_mtime_ns
+    result = snakemake(workdir, seeded, f"results/drafters/{first.target}/{first.id}-s{SMOKE['seed'] + 1}/summary.json")
+    assert result.returncode == 0, result.stderr[-4000:]
+    summary = json.loads((drafters / f"{first.id}-s{SMOKE['seed'] + 1}" / "summary.json").read_text())
+    assert summary["config"]["seed"] == SMOKE["seed"] + 1
+    losses = [[json.loads(line)["loss"] for line in (drafters / name / "steps.jsonl").read_text().splitlines()]
+              for name in (first.id, f"{first.id}-s{SMOKE['seed'] + 1}")]
+    assert len(losses[0]) == len(losses[1]) and losses[0] != losses[1]  # same schedule, another initialisation
+    assert (drafters / first.id / "steps.jsonl").stat().st_mtime_ns == before  # the first run is kept
+    # Setting it to the run's own seed names nothing new.
+    assert planned_jobs(snakemake(workdir, write_config(workdir, **{"train.seed": SMOKE["seed"]}), "-n", "all")) == {}

@@ -32,7 +32,7 @@ rule train_drafter:
         feature_scaling=config["train"]["feature_scaling"],
         draft_vocab_size=config["train"]["draft_vocab_size"],
         sliding_window=config["train"]["sliding_window"],
-        seed=config["seed"],
+        seed=lambda wildcards: variant(wildcards).seed(config["seed"]),
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
         code=script_fingerprint("train_drafter.py"),
