@@ -332,7 +332,8 @@ def run_config(
             "target_model_path": target_path,
             "draft_model_config": draft_config_path,
             "trust_remote_code": bool(trust_remote_code),
-            "torch_dtype": {"bf16": "bfloat16", "fp32": "float32"}[precision],
+            # SpecForge trains on GPUs, where bf16 is native: "auto" is bf16 there.
+            "torch_dtype": {"bf16": "bfloat16", "fp32": "float32", "auto": "bfloat16"}[precision],
             "mask_token_id": int(mask_token_id),
             "sglang_mem_fraction_static": mem_fraction_static,
         },

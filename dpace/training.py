@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field
+from dataclasses import asdict, dataclass, field, replace
 from pathlib import Path
 
 import torch
@@ -37,7 +37,7 @@ from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, read_partial_jsonl
 from dpace.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.online_model import ObjectiveDFlashModel
-from dpace.targets import load_target
+from dpace.targets import load_target, native_bf16
 from dpace.training_records import STEPS_FILE, run_summary, step_row, write_records
 
 
@@ -66,7 +66,7 @@ class TrainConfig:
     # The paper's single-GPU setting is bf16 + flex_attention (SpecForge's defaults). bf16 autocasts
     # the forward (weights, gradients and AdamW stay fp32); flex_attention builds SpecForge's block
     # mask instead of a dense SDPA mask, which is what keeps 512 anchors x 2048 tokens in memory.
-    precision: str = "fp32"  # fp32 | bf16
+    precision: str = "fp32"  # fp32 | bf16 | auto (bf16 where the device computes it natively: resolve_precision)
     attention_backend: str = "sdpa"  # sdpa | flex_attention
     # "random" as the paper; "target" starts the layers from the target's top layers (a named
     # deviation for short CPU runs, applied to every objective alike: dpace.drafter.initialise_from_target).
@@ -114,6 +114,14 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
 
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+
+
+def resolve_precision(precision: str, device: str = "cpu") -> str:
+    """``auto`` is bf16 where bf16 matrix products are native (a CUDA GPU, a CPU with AMX or AVX512-BF16),
+    else fp32: on an AVX2-only CPU PyTorch emulates bf16, and autocast would only add casts."""
+    if precision != "auto":
+        return precision
+    return "bf16" if native_bf16(device) else "fp32"
 ATTENTION_BACKENDS = ("sdpa", "flex_attention")
 
 
@@ -162,8 +170,10 @@ def train_drafter(
     interrupt training deterministically).
     """
     objective = canonical_objective(config.objective)
-    if config.precision not in PRECISIONS:
-        raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}")
+    if config.precision not in (*PRECISIONS, "auto"):
+        raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}, auto")
+    # Resolved before the resume fingerprint and the summary, which record the precision that trained.
+    config = replace(config, precision=resolve_precision(config.precision, config.device))
     if config.drafter_init not in DRAFTER_INITS:
         raise ValueError(f"drafter_init {config.drafter_init!r}; valid: {', '.join(DRAFTER_INITS)}")
     if config.feature_scaling not in FEATURE_SCALINGS:

@@ -56,7 +56,7 @@ BAD = [
     ("experiments.normalization.modes", ["mean"], r"experiments\.normalization\.modes\.0: 'mean' is not one of \['batch'"),
     ("train.objective_hparams", {"dpace-x": {"alpha": 0.5}}, r"train\.objective_hparams: unknown objective 'dpace-x'"),
     ("data.prompts_per_benchmark", {"math500": 2}, r"data\.prompts_per_benchmark: no count for benchmark\(s\) \['mt_bench'\]"),
-    ("train.precision", "fp16", r"train\.precision: 'fp16' is not one of \['fp32', 'bf16'\]"),
+    ("train.precision", "fp16", r"train\.precision: 'fp16' is not one of \['fp32', 'bf16', 'auto'\]"),
     ("train.attention_backend", "flash", r"train\.attention_backend: 'flash' is not one of \['sdpa', 'flex_attention'\]"),
     ("targets.tiny.responses", "answers/sharegpt.jsonl", r"targets\.tiny\.responses: .* named like the generated set 'sharegpt'"),
     ("eval.sampled_prompts_per_benchmark", 0, r"eval\.sampled_prompts_per_benchmark: 0 is less than the minimum of 1"),

@@ -268,10 +268,28 @@ def test_bf16_autocast_trains_like_fp32_with_fp32_master_weights(tmp_path, tiny_
     assert all(t.dtype == torch.float32 for t in weights(tmp_path / "bf16" / "epoch-1").values())
 
 
+@pytest.mark.parametrize("native", [True, False])
+def test_auto_precision_trains_in_bf16_only_where_the_cpu_computes_it_natively(tmp_path, tiny_target_json,
+                                                                               features_dir, monkeypatch, native):
+    """``auto`` resolves before training: the run is the explicit precision's, and its summary says which."""
+    import dpace.training
+
+    monkeypatch.setattr(dpace.training, "native_bf16", lambda device="cpu": native)
+    resolved = "bf16" if native else "fp32"
+    runs = {}
+    for precision in ("auto", resolved):
+        out = tmp_path / precision
+        summary = train_drafter(small_config(epochs=1, precision=precision), target_json=tiny_target_json,
+                                features_dir=features_dir, out_dir=out, scratch_dir=tmp_path / f"s{precision}")
+        assert summary["config"]["precision"] == resolved
+        runs[precision] = [json.loads(line)["loss"] for line in (out / "steps.jsonl").read_text().splitlines()]
+    assert runs["auto"] == runs[resolved]
+
+
 def test_unsupported_precision_or_attention_is_refused_before_training(tmp_path, tiny_target_json, features_dir):
     kwargs = dict(target_json=tiny_target_json, features_dir=features_dir, out_dir=tmp_path / "run",
                   scratch_dir=tmp_path / "scratch")
-    with pytest.raises(ValueError, match=r"precision 'fp16'; valid: fp32, bf16"):
+    with pytest.raises(ValueError, match=r"precision 'fp16'; valid: fp32, bf16, auto"):
         train_drafter(small_config(precision="fp16"), **kwargs)
     with pytest.raises(ValueError, match=r"flex_attention trains on CUDA only .* use sdpa here"):
         train_drafter(small_config(attention_backend="flex_attention"), **kwargs)
