@@ -114,6 +114,7 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
 
 
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
+ATTENTION_BACKENDS = ("sdpa", "flex_attention")
 
 
 def resolve_precision(precision: str, device: str = "cpu") -> str:
@@ -122,7 +123,6 @@ def resolve_precision(precision: str, device: str = "cpu") -> str:
     if precision != "auto":
         return precision
     return "bf16" if native_bf16(device) else "fp32"
-ATTENTION_BACKENDS = ("sdpa", "flex_attention")
 
 
 def _first_non_finite(model: torch.nn.Module) -> str | None:
