@@ -64,9 +64,11 @@ from dpace.io import (
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
+    current_records,
+    input_checksum,
     read_partial_jsonl,
 )
-from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+from dpace.targets import chat_prompt_ids, load_target, stop_token_ids, target_checksum
 
 
 def _seed_for(seed: int, *parts) -> int:
@@ -188,9 +190,9 @@ def _progress(plan, name, temperature, pending):
 
 
 def _check_made(records, records_path, **made) -> None:
-    """Refuse a records file written with other decoding settings (its prompts would mix two runs)."""
+    """Refuse an input file written with other decoding settings (its prompts would mix two runs)."""
     for record in records:
-        theirs = {key: record.get(key, "after-prefill" if key == "decode_clock" else None) for key in made}
+        theirs = {key: record.get(key) for key in made}
         if theirs != made:
             def listed(settings):
                 return ", ".join(f"{key}={value}" for key, value in settings.items())
@@ -227,8 +229,8 @@ def measure_baseline(
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
     plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
-    records = read_partial_jsonl(records_path)
-    _check_made(records, records_path, max_new_tokens=max_new_tokens, seed=seed, dtype=dtype_name)
+    made = {"max_new_tokens": max_new_tokens, "seed": seed, "dtype": dtype_name, "target": target_checksum(target_json)}
+    records = current_records(records_path, **made)
     todo = _pending(plan, records, BASELINE)
     if any(todo.values()):
         target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
@@ -250,8 +252,7 @@ def measure_baseline(
                         messages.append({"role": "assistant",
                                          "content": tokenizer.decode(ar.new_token_ids, skip_special_tokens=True)})
                     record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index,
-                              "temperature": temperature, "verification": BASELINE, "max_new_tokens": max_new_tokens,
-                              "seed": seed, "dtype": dtype_name, "turns": turns}
+                              "temperature": temperature, "verification": BASELINE, **made, "turns": turns}
                     appender.write(record)
                     records.append(record)
     selected = select_records(records, plan, BASELINE)
@@ -259,12 +260,14 @@ def measure_baseline(
     return selected
 
 
-def load_baseline(path, *, max_new_tokens: int, seed: int, dtype: str | torch.dtype) -> tuple[int, dict[tuple, dict]]:
+def load_baseline(path, *, max_new_tokens: int, seed: int, dtype: str | torch.dtype,
+                  target: int) -> tuple[int, dict[tuple, dict]]:
     """A checksum of a ``measure_baseline`` file (evaluation records remember which baseline they were
-    timed against) and its records by (benchmark, temperature, id)."""
+    timed against) and its records by (benchmark, temperature, id); ``target``: ``target_checksum``."""
     path = Path(path)
     records = read_partial_jsonl(path)
-    _check_made(records, path, max_new_tokens=max_new_tokens, seed=seed, dtype=str(dtype).removeprefix("torch."))
+    _check_made(records, path, max_new_tokens=max_new_tokens, seed=seed, dtype=str(dtype).removeprefix("torch."),
+                target=target)
     return zlib.crc32(path.read_bytes()), {(r["benchmark"], float(r["temperature"]), r["id"]): r for r in records}
 
 
@@ -323,16 +326,19 @@ def evaluate_drafter(
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
     plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
+    target = target_checksum(target_json)
     baseline_id, baseline = None, None
     if baseline_path is not None:
-        baseline_id, baseline = load_baseline(baseline_path, max_new_tokens=max_new_tokens, seed=seed, dtype=dtype)
+        baseline_id, baseline = load_baseline(baseline_path, max_new_tokens=max_new_tokens, seed=seed, dtype=dtype,
+                                              target=target)
         missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in baseline]
         if missing:
             raise ValueError(f"{baseline_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
-    records = read_partial_jsonl(records_path)
-    _check_made(records, records_path, max_new_tokens=max_new_tokens, seed=seed, decode_clock=decode_clock)
-    # Records timed against another baseline (or none) are stale: their prompts are decoded again.
-    records = [r for r in records if r.get("ar_baseline") == baseline_id]
+    # Records of another drafter, target, dtype or baseline (or none) are stale: decoded again.
+    made = {"max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
+            "dtype": str(dtype).removeprefix("torch."), "drafter": input_checksum(drafter_dir),
+            "target": target, "ar_baseline": baseline_id}
+    records = current_records(records_path, **made)
     todo = _pending(plan, records, verification)
 
     if any(todo.values()):
@@ -355,7 +361,7 @@ def evaluate_drafter(
                         tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
                         check_greedy=check_greedy, device=device, decode_clock=decode_clock, baseline=base,
                     )
-                    record["ar_baseline"] = baseline_id
+                    record.update(made)
                     appender.write(record)
                     records.append(record)
 

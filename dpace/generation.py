@@ -10,18 +10,27 @@ Backends share one interface, ``generate_responses(...)``:
 
 Generation is resumable: each finished prompt is appended (and flushed) to a scratch file outside
 the job's declared outputs (Snakemake deletes those when a job fails), a rerun skips the ids already
-there, and the final file is written atomically in the prompts' order.
+there, and the final file is written atomically in the prompts' order. A sidecar next to the scratch
+file records the settings and the target that made it; a rerun with other ones starts over.
 """
 
 from __future__ import annotations
 
+import json
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
-from dpace.io import JsonlAppender, atomic_write_jsonl, read_jsonl, read_partial_jsonl
-from dpace.targets import chat_prompt_ids, load_target, load_tokenizer, resolve_dtype, stop_token_ids
+from dpace.io import JsonlAppender, atomic_write_json, atomic_write_jsonl, read_jsonl, read_partial_jsonl
+from dpace.targets import (
+    chat_prompt_ids,
+    load_target,
+    load_tokenizer,
+    resolve_dtype,
+    stop_token_ids,
+    target_checksum,
+)
 
 
 def _conversation(row: dict, response: str, truncated: bool) -> dict:
@@ -154,6 +163,13 @@ def generate_responses(
     dtype = resolve_dtype(dtype, "cuda" if backend == "sglang" else device)  # SGLang serves on a GPU
     rows = list(read_jsonl(prompts_path))
     scratch_path = Path(scratch_path) if scratch_path else Path(str(out_path) + ".partial")
+    made_path = Path(f"{scratch_path}.made.json")
+    made = {"backend": backend, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
+            "temperature": temperature, "seed": seed, "dtype": dtype, "target": target_checksum(target_json)}
+    if scratch_path.exists() and (not made_path.exists() or json.loads(made_path.read_text()) != made):
+        print(f"{scratch_path} holds answers of other settings or another target: generating them again")
+        scratch_path.unlink()
+    atomic_write_json(made_path, made)
     done = {row["id"] for row in read_partial_jsonl(scratch_path)}
     tokenizer = load_tokenizer(target_json)
     todo, too_long = _tokenized_prompts(tokenizer, [r for r in rows if r["id"] not in done], max_prompt_tokens)
@@ -167,5 +183,6 @@ def generate_responses(
     by_id = {row["id"]: row for row in read_partial_jsonl(scratch_path)}
     atomic_write_jsonl(out_path, [by_id[row["id"]] for row in rows if row["id"] in by_id])
     scratch_path.unlink()
+    made_path.unlink()
     return {"prompts": len(rows), "resumed": len(done), "generated": len(todo), "skipped_too_long": too_long,
             "dtype": dtype}

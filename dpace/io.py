@@ -13,6 +13,7 @@ import json
 import os
 import shutil
 import tempfile
+import zlib
 from collections.abc import Iterable, Iterator
 from contextlib import contextmanager
 from pathlib import Path
@@ -123,6 +124,41 @@ def read_partial_jsonl(path: str | Path) -> list[dict]:
     # Rewrite without the torn tail so later appends start on a clean line.
     atomic_write_jsonl(path, rows)
     return rows
+
+
+def current_records(records_path, **made) -> list[dict]:
+    """The records of a resumable job's ``records_path`` made with exactly ``made`` (settings and
+    input checksums).
+
+    The others are stale: the job runs again because an input changed (a retrained drafter, another
+    dtype, length or baseline), so their work is done again. They are dropped from the file
+    too, so that it never holds two runs' records.
+    """
+    records = read_partial_jsonl(records_path)
+    current = [record for record in records if {key: record.get(key) for key in made} == made]
+    if len(current) < len(records):
+        print(f"{records_path}: {len(records) - len(current)} record(s) made with other inputs or settings "
+              f"are done again")
+        atomic_write_jsonl(records_path, current)
+    return current
+
+
+def input_checksum(path: str | Path) -> int:
+    """CRC32 of a file, or of a folder's files (names and bytes, in sorted order; hidden ones, such as
+    a killed writer's ``.tmp``, left out): a drafter checkpoint or a target's weights. Records carry
+    it, so a resumed job never reuses another input's."""
+    path = Path(path)
+    files = [path] if path.is_file() else [
+        file for file in path.rglob("*")
+        if file.is_file() and not any(part.startswith(".") for part in file.relative_to(path).parts)]
+    checksum = 0
+    for file in sorted(files):
+        name = file.name if file == path else file.relative_to(path).as_posix()
+        checksum = zlib.crc32(name.encode(), checksum)
+        with file.open("rb") as handle:
+            while chunk := handle.read(1 << 24):
+                checksum = zlib.crc32(chunk, checksum)
+    return checksum
 
 
 class JsonlAppender:

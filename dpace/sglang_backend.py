@@ -54,7 +54,7 @@ from dpace.eval_records import (
     select_records,
     summarize,
 )
-from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, read_partial_jsonl
+from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, current_records, input_checksum
 
 INSTALL_HINT = "SGLang is the GPU-only optional extra: pip install -e .[gpu] (on a CUDA machine)"
 
@@ -279,7 +279,7 @@ def evaluate_sglang(
 ) -> list[dict]:
     """Evaluate a drafter with SGLang's DFLASH speculative decoding; the arguments and outputs of
     ``dpace.evaluation.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
-    from dpace.targets import chat_prompt_ids, load_tokenizer, model_location, stop_token_ids
+    from dpace.targets import chat_prompt_ids, load_tokenizer, model_location, stop_token_ids, target_checksum
 
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
@@ -291,15 +291,11 @@ def evaluate_sglang(
     spec_path = Path(f"{records_path}.spec")
     wanted = evaluation_plan(benchmarks, temperatures, sampled_prompts)
 
-    def check(rows, path):
-        for r in rows:
-            if r["max_new_tokens"] != max_new_tokens or r["seed"] != seed or r["block_size"] != block_size:
-                raise ValueError(f"{path} holds records of another setting ({r['max_new_tokens']}, {r['seed']}, "
-                                 f"B={r['block_size']}); delete it to start over")
-        return rows
-
-    finals = check(read_partial_jsonl(records_path), records_path)
-    spec_rows = check(read_partial_jsonl(spec_path), spec_path)
+    # Records of another drafter, target or setting are stale (the job reran because one changed).
+    made = {"max_new_tokens": max_new_tokens, "seed": seed, "block_size": block_size,
+            "drafter": input_checksum(drafter_dir), "target": target_checksum(target_json)}
+    finals = current_records(records_path, **made)
+    spec_rows = current_records(spec_path, **made)
     final_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in finals}
     spec_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]): r for r in spec_rows}
 
@@ -335,8 +331,7 @@ def evaluate_sglang(
                     })
                     messages.append({"role": "assistant", "content": response.get("text", "")})
                 record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
-                          "verification": verification, "max_new_tokens": max_new_tokens, "seed": seed,
-                          "block_size": block_size, "turns": turns}
+                          "verification": verification, **made, "turns": turns}
                 out.write(record)
                 spec_done[record_key(name, temperature, verification, row["id"])] = record
 

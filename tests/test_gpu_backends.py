@@ -252,6 +252,26 @@ def test_sglang_evaluation_resumes_between_the_two_servers(tmp_path, tiny_target
     assert sum(r["num_prompts"] for r in summary) == 3
 
 
+def test_sglang_evaluation_of_a_retrained_drafter_starts_over(tmp_path, tiny_target_json, fake_sglang):
+    """The job reruns because its drafter changed: the old drafter's records must not stand for it."""
+    from dpace.sglang_backend import evaluate_sglang
+
+    drafter = _fake_drafter(tmp_path)
+    out = tmp_path / "eval"
+    kwargs = dict(temperatures=[0.0], verification="hard-match", max_new_tokens=8, seed=0,
+                  records_path=out / "records.jsonl", summary_path=out / "summary.json",
+                  blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
+    benchmarks = _benchmarks(tmp_path)
+    evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
+    (drafter / "model.safetensors").write_bytes(b"retrained weights")
+    fake_sglang.write_text("")
+    summary = evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
+    servers = [json.loads(line) for line in fake_sglang.read_text().splitlines()]
+    assert len(servers) == 2 and "--speculative-algorithm" in servers[0]  # both phases ran again
+    assert sum(r["num_prompts"] for r in summary) == 3
+    assert len(list(read_jsonl(out / "records.jsonl"))) == 3  # the old drafter's records are gone
+
+
 def test_sglang_server_that_dies_or_never_answers_fails_clearly(tmp_path):
     from dpace.sglang_backend import free_port, sglang_server
 

@@ -169,3 +169,21 @@ def test_a_target_whose_tokenizer_fails_to_save_leaves_no_model_folder(tmp_path,
         targets.prepare_target({"source": "random", "num_layers": 2, "hidden_size": 32, "intermediate_size": 64},
                                tmp_path / "tiny")
     assert list((tmp_path / "tiny").iterdir()) == []  # neither model/ nor target.json
+
+
+def test_input_checksum_follows_names_and_bytes_not_hidden_leftovers(tmp_path):
+    from dpace.io import input_checksum
+
+    folder = tmp_path / "drafter"
+    (folder / "sub").mkdir(parents=True)
+    (folder / "config.json").write_text("{}")
+    (folder / "sub" / "weights.bin").write_bytes(b"\x00\x01")
+    before = input_checksum(folder)
+    (folder / ".weights.bin.abc.tmp").write_bytes(b"a killed writer's leftover")
+    assert input_checksum(folder) == before
+    (folder / "sub" / "weights.bin").write_bytes(b"\x00\x02")
+    assert input_checksum(folder) != before
+    (folder / "sub" / "weights.bin").write_bytes(b"\x00\x01")
+    (folder / "sub" / "weights.bin").rename(folder / "sub" / "other.bin")
+    assert input_checksum(folder) != before  # same bytes under another name
+    assert input_checksum(folder / "config.json") != input_checksum(folder)

@@ -57,13 +57,33 @@ def test_a_cut_answer_gets_no_end_token_a_finished_one_does(tiny_target_json):
     assert cut_ids == finished_ids[:-1] and cut_ids[-len(answer):] == answer and sum(cut_mask) == len(answer)
 
 
-def test_generation_resumes_from_scratch_file(tmp_path, tiny_target_json):
+def _interrupted_generation(tmp_path, target_json, monkeypatch, **settings):
+    """Generate until the second answer is written, then fail like a killed job; the scratch path."""
+    import dpace.generation as generation
+
+    class Killed(generation.JsonlAppender):
+        def write(self, row):
+            if row["id"] != PROMPTS[1]["id"]:
+                raise KeyboardInterrupt
+            super().write(row)
+
     prompts = tmp_path / "prompts.jsonl"
     atomic_write_jsonl(prompts, PROMPTS)
     scratch = tmp_path / "scratch.partial"
+    with monkeypatch.context() as patch:
+        patch.setattr(generation, "JsonlAppender", Killed)
+        with pytest.raises(KeyboardInterrupt):
+            generate_responses(target_json, prompts, tmp_path / "responses.jsonl", batch_size=1,
+                               scratch_path=scratch, **settings)
+    assert [row["id"] for row in read_jsonl(scratch)] == [PROMPTS[1]["id"]]
+    return prompts, scratch
+
+
+def test_generation_resumes_from_scratch_file(tmp_path, tiny_target_json, monkeypatch):
+    prompts, scratch = _interrupted_generation(tmp_path, tiny_target_json, monkeypatch, max_new_tokens=4)
     finished = {"id": "p1", "conversations": [{"role": "user", "content": PROMPTS[1]["prompt"]},
                                               {"role": "assistant", "content": "kept from before"}]}
-    # A finished record, then a torn line from a killed writer.
+    # The finished record (marked, to see it kept), then a torn line from a killed writer.
     scratch.write_text(json.dumps(finished) + "\n" + '{"id": "p2", "conv')
     out = tmp_path / "responses.jsonl"
     counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=4, scratch_path=scratch)
@@ -71,7 +91,20 @@ def test_generation_resumes_from_scratch_file(tmp_path, tiny_target_json):
     rows = {r["id"]: r for r in read_jsonl(out)}
     assert rows["p1"] == finished
     assert set(rows) == {"p0", "p1", "p2"}
-    assert not scratch.exists()
+    assert not scratch.exists() and not list(tmp_path.glob("scratch.partial*"))
+
+
+def test_generation_of_other_settings_starts_over(tmp_path, tiny_target_json, monkeypatch):
+    """A responses job that reruns because a setting changed must not keep answers of the old one."""
+    prompts, scratch = _interrupted_generation(tmp_path, tiny_target_json, monkeypatch, max_new_tokens=4)
+    (scratch_row,) = read_jsonl(scratch)
+    out = tmp_path / "responses.jsonl"
+    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=6, scratch_path=scratch)
+    assert counts["resumed"] == 0 and counts["generated"] == 3
+    fresh = tmp_path / "fresh.jsonl"
+    generate_responses(tiny_target_json, prompts, fresh, max_new_tokens=6)
+    assert list(read_jsonl(out)) == list(read_jsonl(fresh))
+    assert scratch_row != next(r for r in read_jsonl(out) if r["id"] == scratch_row["id"])
 
 
 def test_too_long_prompts_are_skipped_and_counted(tmp_path, tiny_target_json):
