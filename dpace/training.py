@@ -34,10 +34,10 @@ from dpace.drafter import (
 )
 from dpace.features import FeatureSet, answer_feature_rms, load_features, target_hidden_states
 from dpace.gpus import device_clock
-from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, read_partial_jsonl
+from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, input_checksum, read_partial_jsonl
 from dpace.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.online_model import ObjectiveDFlashModel
-from dpace.targets import load_target, native_bf16
+from dpace.targets import load_target, native_bf16, target_checksum
 from dpace.training_records import STEPS_FILE, run_summary, step_row, write_records
 
 
@@ -263,9 +263,12 @@ def train_drafter(
         optimizer, lambda step: _lr_factor(step, total_steps, warmup_steps)
     )
 
-    # Resume from the last saved state, if any (same config only: the fingerprint guards it).
+    # Resume from the last saved state, if any: same config, features and target only (a job that
+    # reruns because its answers or features changed must not continue the old ones' run).
     state_path = scratch_dir / "state.pt"
-    fingerprint = json.dumps(asdict(config), sort_keys=True)
+    inputs = {"features": None if isinstance(features_dir, FeatureSet) else input_checksum(features_dir),
+              "target": target_checksum(target_json)}
+    fingerprint = json.dumps({"config": asdict(config), "inputs": inputs}, sort_keys=True)
     epoch, step_in_epoch, global_step = 0, 0, 0
     torch.manual_seed(config.seed)
     if state_path.exists():

@@ -211,6 +211,23 @@ def test_non_finite_gradient_stops_training_and_keeps_the_last_good_checkpoint(
     assert not (run / "epoch-2").exists() and not (run / "steps.jsonl").exists() and not (run / "summary.json").exists()
 
 
+def test_an_interrupted_run_does_not_resume_on_other_features(tmp_path, tiny_target_json, features_dir, monkeypatch):
+    """Training reruns because its features were recomputed (new answers): the saved state of the old
+    features' run must not be continued."""
+    config = small_config()  # 3 steps per epoch, 6 in all; state saved after step 4
+    scratch = tmp_path / "scratch"
+    train_drafter(config, target_json=tiny_target_json, features_dir=features_dir, out_dir=tmp_path / "old",
+                  scratch_dir=scratch, stop_after_steps=4)
+    new = copy_features(features_dir, tmp_path / "new", lambda t: t["hidden"].mul_(0.5))
+    taken = count_optimizer_steps(monkeypatch)
+    train_drafter(config, target_json=tiny_target_json, features_dir=new, out_dir=tmp_path / "run", scratch_dir=scratch)
+    assert len(taken) == 6  # from step 0
+    train_drafter(config, target_json=tiny_target_json, features_dir=new, out_dir=tmp_path / "fresh",
+                  scratch_dir=tmp_path / "fresh-scratch")
+    run, fresh = weights(tmp_path / "run" / "epoch-2"), weights(tmp_path / "fresh" / "epoch-2")
+    assert all(torch.equal(run[k], fresh[k]) for k in fresh)
+
+
 def test_features_of_another_target_are_refused_before_training(tmp_path, tiny_target_json, features_dir):
     kwargs = dict(target_json=tiny_target_json, scratch_dir=tmp_path / "scratch")
 
