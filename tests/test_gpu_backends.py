@@ -328,17 +328,30 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
     prompts = [{"id": f"p{i}", "prompt": f"Tell me about {i}."} for i in range(5)]
     atomic_write_jsonl(tmp_path / "prompts.jsonl", prompts)
     scratch = tmp_path / "partial.jsonl"
-    atomic_write_jsonl(scratch, [{"id": "p2", "conversations": [{"role": "user", "content": "x"},
-                                                                 {"role": "assistant", "content": "earlier"}]}])
-    counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
-                                backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5,
-                                dtype="bfloat16", scratch_path=scratch)
+    settings = dict(backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5, dtype="bfloat16",
+                    scratch_path=scratch)
+    import dpace.generation as generation
+
+    class Killed(generation.JsonlAppender):  # the job dies after its first answer is written
+        def write(self, row):
+            if self.path.exists() and self.path.read_text():
+                raise KeyboardInterrupt
+            super().write(row)
+
+    with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
+        patch.setattr(generation, "JsonlAppender", Killed)
+        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", **settings)
+    (resumed,) = read_jsonl(scratch)
+    resumed["conversations"][1]["content"] = "earlier"  # marked, to see it kept
+    scratch.write_text(json.dumps(resumed) + "\n")
+    _FakeEngine.calls = []
+    counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", **settings)
     assert counts == {"prompts": 5, "resumed": 1, "generated": 4, "skipped_too_long": 0, "dtype": "bfloat16"}
     rows = list(read_jsonl(tmp_path / "out.jsonl"))
     assert [r["id"] for r in rows] == [p["id"] for p in prompts]  # the prompts' order
-    assert rows[2]["conversations"][1]["content"] == "earlier"
+    assert next(r for r in rows if r["id"] == resumed["id"]) == resumed
     assert rows[0]["conversations"][0] == {"role": "user", "content": "Tell me about 0."}
-    answers = [row for row in rows if row["id"] != "p2"]  # p2 was resumed from the scratch file
+    answers = [row for row in rows if row["id"] != resumed["id"]]  # resumed from the scratch file
     assert {row.get("truncated", False) for row in answers} == {True, False}
     for row in answers:
         assert row.get("truncated", False) == row["conversations"][1]["content"].startswith("length")
