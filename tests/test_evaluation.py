@@ -187,13 +187,14 @@ def test_records_of_other_settings_are_decoded_again(setup, first_run, tmp_path,
     assert sum(r["num_output_tokens"] for r in summary) > sum(r["num_output_tokens"] for r in first_run[1])
 
 
-def test_records_of_another_dtype_are_decoded_again(setup, first_run, tmp_path, monkeypatch):
+@pytest.mark.parametrize("setting, value", [("dtype", "bfloat16"), ("decode_clock", "after-prefill")])
+def test_records_of_another_dtype_or_clock_are_decoded_again(setup, first_run, tmp_path, monkeypatch, setting, value):
     out, _, _ = first_run
     (tmp_path / "records.jsonl").write_text((out / "records.jsonl").read_text())
     spec_calls = count_calls(monkeypatch, "speculative_generate")
-    evaluate_into(setup, tmp_path, dtype="bfloat16")
+    evaluate_into(setup, tmp_path, **{setting: value})
     assert len(spec_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in read_records(out / "records.jsonl"))
-    assert {r["dtype"] for r in read_records(tmp_path / "records.jsonl")} == {"bfloat16"}
+    assert {r[setting] for r in read_records(tmp_path / "records.jsonl")} == {value}
 
 
 def test_a_retrained_drafter_is_decoded_again(setup, first_run, tmp_path, monkeypatch):
@@ -325,15 +326,6 @@ def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, mo
                                       ("mt-bench", 0.0, "m0"), ("mt-bench", 0.0, "m1"), ("mt-bench", 1.0, "m0")])
     assert {(r["benchmark"], r["temperature"]): r["num_prompts"] for r in summary} == {
         ("gsm8k", 0.0): 2, ("gsm8k", 1.0): 1, ("mt-bench", 0.0): 2, ("mt-bench", 1.0): 1}
-
-
-def test_records_from_another_decode_clock_are_decoded_again(setup, first_run, tmp_path, monkeypatch):
-    out, _, _ = first_run
-    (tmp_path / "records.jsonl").write_text((out / "records.jsonl").read_text())
-    spec_calls = count_calls(monkeypatch, "speculative_generate")
-    evaluate_into(setup, tmp_path, decode_clock="after-prefill")
-    assert len(spec_calls) == len(TEMPERATURES) + sum(len(r["turns"]) for r in read_records(out / "records.jsonl"))
-    assert {r["decode_clock"] for r in read_records(tmp_path / "records.jsonl")} == {"after-prefill"}
 
 
 def test_tau_counts_and_greedy_divergence_verdicts():

@@ -232,14 +232,18 @@ def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target
     assert evaluate_sglang(tiny_target_json, drafter, _benchmarks(tmp_path), **kwargs) == summary
 
 
+def _greedy_eval_kwargs(out: Path) -> dict:
+    return dict(temperatures=[0.0], verification="hard-match", max_new_tokens=8, seed=0,
+                records_path=out / "records.jsonl", summary_path=out / "summary.json",
+                blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
+
+
 def test_sglang_evaluation_resumes_between_the_two_servers(tmp_path, tiny_target_json, fake_sglang):
     from dpace.sglang_backend import evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
-    kwargs = dict(temperatures=[0.0], verification="hard-match", max_new_tokens=8, seed=0,
-                  records_path=out / "records.jsonl", summary_path=out / "summary.json",
-                  blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
+    kwargs = _greedy_eval_kwargs(out)
     benchmarks = _benchmarks(tmp_path)
     evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
     # Pretend the job died after the speculative phase and one autoregressive record.
@@ -258,9 +262,7 @@ def test_sglang_evaluation_of_a_retrained_drafter_starts_over(tmp_path, tiny_tar
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
-    kwargs = dict(temperatures=[0.0], verification="hard-match", max_new_tokens=8, seed=0,
-                  records_path=out / "records.jsonl", summary_path=out / "summary.json",
-                  blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
+    kwargs = _greedy_eval_kwargs(out)
     benchmarks = _benchmarks(tmp_path)
     evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
     (drafter / "model.safetensors").write_bytes(b"retrained weights")
