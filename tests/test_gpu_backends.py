@@ -232,46 +232,42 @@ def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target
     assert evaluate_sglang(tiny_target_json, drafter, _benchmarks(tmp_path), **kwargs) == summary
 
 
-def _greedy_eval_kwargs(out: Path) -> dict:
-    return dict(temperatures=[0.0], verification="hard-match", max_new_tokens=8, seed=0,
-                records_path=out / "records.jsonl", summary_path=out / "summary.json",
-                blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
-
-
-def test_sglang_evaluation_resumes_between_the_two_servers(tmp_path, tiny_target_json, fake_sglang):
+def _evaluate_twice(tmp_path, target_json, fake_sglang, change):
+    """Evaluate a fake drafter at T=0, apply ``change(out, drafter)``, evaluate again: the second
+    run's summary and the argv of every server it started."""
     from dpace.sglang_backend import evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
-    kwargs = _greedy_eval_kwargs(out)
+    kwargs = dict(temperatures=[0.0], verification="hard-match", max_new_tokens=8, seed=0,
+                  records_path=out / "records.jsonl", summary_path=out / "summary.json",
+                  blocks_path=out / "blocks.csv", log_dir=out / "logs", startup_timeout_s=60)
     benchmarks = _benchmarks(tmp_path)
-    evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
-    # Pretend the job died after the speculative phase and one autoregressive record.
-    records = list(read_jsonl(out / "records.jsonl"))
-    atomic_write_jsonl(out / "records.jsonl", records[:1])
+    evaluate_sglang(target_json, drafter, benchmarks, **kwargs)
+    change(out, drafter)
     fake_sglang.write_text("")
-    summary = evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
-    servers = [json.loads(line) for line in fake_sglang.read_text().splitlines()]
+    summary = evaluate_sglang(target_json, drafter, benchmarks, **kwargs)
+    return summary, [json.loads(line) for line in fake_sglang.read_text().splitlines()]
+
+
+def test_sglang_evaluation_resumes_between_the_two_servers(tmp_path, tiny_target_json, fake_sglang):
+    def die_after_one_autoregressive_record(out, drafter):  # the speculative phase had finished
+        atomic_write_jsonl(out / "records.jsonl", list(read_jsonl(out / "records.jsonl"))[:1])
+
+    summary, servers = _evaluate_twice(tmp_path, tiny_target_json, fake_sglang, die_after_one_autoregressive_record)
     assert len(servers) == 1 and "--speculative-algorithm" not in servers[0]  # only the baseline reran
     assert sum(r["num_prompts"] for r in summary) == 3
 
 
 def test_sglang_evaluation_of_a_retrained_drafter_starts_over(tmp_path, tiny_target_json, fake_sglang):
     """The job reruns because its drafter changed: the old drafter's records must not stand for it."""
-    from dpace.sglang_backend import evaluate_sglang
+    def retrain(out, drafter):
+        (drafter / "model.safetensors").write_bytes(b"retrained weights")
 
-    drafter = _fake_drafter(tmp_path)
-    out = tmp_path / "eval"
-    kwargs = _greedy_eval_kwargs(out)
-    benchmarks = _benchmarks(tmp_path)
-    evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
-    (drafter / "model.safetensors").write_bytes(b"retrained weights")
-    fake_sglang.write_text("")
-    summary = evaluate_sglang(tiny_target_json, drafter, benchmarks, **kwargs)
-    servers = [json.loads(line) for line in fake_sglang.read_text().splitlines()]
+    summary, servers = _evaluate_twice(tmp_path, tiny_target_json, fake_sglang, retrain)
     assert len(servers) == 2 and "--speculative-algorithm" in servers[0]  # both phases ran again
     assert sum(r["num_prompts"] for r in summary) == 3
-    assert len(list(read_jsonl(out / "records.jsonl"))) == 3  # the old drafter's records are gone
+    assert len(list(read_jsonl(tmp_path / "eval" / "records.jsonl"))) == 3  # the old drafter's records are gone
 
 
 def test_sglang_server_that_dies_or_never_answers_fails_clearly(tmp_path):
