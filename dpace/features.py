@@ -108,6 +108,26 @@ class FeatureSet:
             hidden=cat("hidden"), last_hidden=cat("last_hidden"), layer_ids=list(sets[0].layer_ids),
         )
 
+    def without_unseen_context(self, sliding_window: int) -> FeatureSet:
+        """Each sequence without the leading positions that no block of a ``sliding_window`` drafter sees.
+
+        Anchors lie on supervised tokens, and a block anchored at ``a`` attends to the context
+        positions ``a - sliding_window + 1 .. a - 1`` only (SpecForge's ``create_dflash_sdpa_mask``),
+        so nothing before ``first supervised - sliding_window + 1`` reaches a loss term. RoPE is
+        relative, so dropping those positions shifts every position alike and changes no logit; it
+        halves the embedded default's padded context (prompts are most of a sequence). Sequences
+        without a supervised token are kept whole.
+        """
+        if sliding_window < 1:
+            raise ValueError(f"only a sliding-window drafter ignores early context (got {sliding_window})")
+        spans = []
+        for index in range(len(self)):
+            start, end = int(self.offsets[index]), int(self.offsets[index + 1])
+            supervised = (self.loss_mask[start:end] > 0).nonzero()
+            first_visible = int(supervised[0]) - sliding_window + 1 if len(supervised) else 0
+            spans.append((start + max(0, first_visible), end))
+        return self.slices(spans)
+
     def sequence(self, index: int) -> dict:
         start, end = int(self.offsets[index]), int(self.offsets[index + 1])
         item = {

@@ -217,6 +217,9 @@ def train_drafter(
     online = features.hidden is None  # features mode "online": the target runs every step
     if needs_target and not online and features.last_hidden is None:
         raise ValueError(f"objective {objective!r} needs the target's last hidden states; features lack them")
+    if config.sliding_window and not online:
+        # Positions no block sees cost steps (fc, keys, padding) and change no loss term.
+        features = features.without_unseen_context(config.sliding_window)
 
     draft_vocab = None
     if config.draft_vocab_size:

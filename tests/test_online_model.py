@@ -22,7 +22,7 @@ HIDDEN, VOCAB, MASK_TOKEN, BLOCK_SIZE = 32, 97, 96, 4
 BATCH, SEQ_LEN = 2, 24
 
 
-def tiny_modules(seed=0):
+def tiny_modules(seed=0, sliding_window=0, depth=1):
     torch.manual_seed(seed)
     config = Qwen3Config(
         hidden_size=HIDDEN,
@@ -30,9 +30,10 @@ def tiny_modules(seed=0):
         num_key_value_heads=1,
         head_dim=16,
         intermediate_size=64,
-        num_hidden_layers=1,
+        num_hidden_layers=depth,
         vocab_size=VOCAB,
-        layer_types=["full_attention"],
+        layer_types=["sliding_attention" if sliding_window else "full_attention"] * depth,
+        **({"use_sliding_window": True, "sliding_window": sliding_window} if sliding_window else {}),
     )
     config.num_target_layers = 4
     config.block_size = BLOCK_SIZE
@@ -177,6 +178,49 @@ def test_chunking_does_not_change_the_result():
     whole = ObjectiveDFlashModel(draft, lm_head, embed, objective_chunk_blocks=0, **common)
     chunked = ObjectiveDFlashModel(draft, lm_head, embed, objective_chunk_blocks=3, **common)
     assert_same(run(whole, inputs), run(chunked, inputs), tol=1e-10)
+
+
+def test_dropping_the_context_a_sliding_window_never_sees_changes_no_loss_or_gradient():
+    """``FeatureSet.without_unseen_context``, which training applies to sliding-window drafters.
+
+    With more anchors than supervised positions every block is drafted, so the cropped and whole
+    sequences (other positions, other padding) must give the same loss and gradients. Two layers: the
+    earliest visible position reaches the loss only through the anchor's own slot in the second layer."""
+    from dpace.features import FeatureSet
+    from dpace.training import padded_micro_batches
+
+    window, prompts, answer = 3, (9, 14), 10
+    draft, lm_head, embed = tiny_modules(sliding_window=window, depth=2)
+    assert [layer.self_attn.sliding_window for layer in draft.layers] == [window] * 2
+    generator = torch.Generator().manual_seed(2)
+    lengths = [prompt + answer for prompt in prompts]
+    masks = [torch.cat([torch.zeros(prompt), torch.ones(answer)]).to(torch.uint8) for prompt in prompts]
+    features = FeatureSet(
+        input_ids=torch.randint(0, MASK_TOKEN, (sum(lengths),), generator=generator),
+        loss_mask=torch.cat(masks),
+        offsets=torch.tensor([0, lengths[0], sum(lengths)]),
+        hidden=torch.randn(sum(lengths), 2 * HIDDEN, generator=generator, dtype=DTYPE),
+        last_hidden=None,
+        layer_ids=[1, 2],
+    )
+    cropped = features.without_unseen_context(window)
+    # Each sequence keeps window - 1 prompt positions: what its first block sees.
+    assert (cropped.offsets[1:] - cropped.offsets[:-1]).tolist() == [window - 1 + answer] * 2
+
+    model = ObjectiveDFlashModel(draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=4 * answer,
+                                 objective="dpace")
+
+    def result(model, feature_set):
+        (micro_batch,) = padded_micro_batches(feature_set, [0, 1], micro_batch_size=2)
+        return run(model, (micro_batch["input_ids"], micro_batch["hidden"].to(DTYPE), micro_batch["loss_mask"]))
+
+    assert_same(result(model, cropped), result(model, features), tol=1e-8)  # RoPE rounds at other positions
+    # The window does hide context: the same weights with full attention read the dropped positions.
+    full_attention, _, _ = tiny_modules(depth=2)
+    full_attention.load_state_dict(draft.state_dict())
+    model = ObjectiveDFlashModel(full_attention, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=4 * answer,
+                                 objective="dpace")
+    assert abs(float(result(model, cropped)[0]) - float(result(model, features)[0])) > 1e-6
 
 
 def test_bad_configuration_raises():
