@@ -48,8 +48,9 @@ def main() -> None:
     step_times = {"without unseen context (trains)": [], "whole sequences": []}
     for _ in range(args.repeats):
         for mode, times in step_times.items():
-            whole = mock.patch.object(FeatureSet, "without_unseen_context", lambda self, window: self)
-            with tempfile.TemporaryDirectory() as scratch, (whole if mode == "whole sequences" else contextlib.nullcontext()):
+            whole_sequences = (mock.patch.object(FeatureSet, "without_unseen_context", lambda self, window: self)
+                               if mode == "whole sequences" else contextlib.nullcontext())
+            with tempfile.TemporaryDirectory() as scratch, whole_sequences:
                 summary = train_drafter(config, target_json=results / "targets" / args.target / "target.json",
                                         features_dir=features, out_dir=Path(scratch) / "out",
                                         scratch_dir=Path(scratch) / "scratch")

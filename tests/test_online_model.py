@@ -207,20 +207,17 @@ def test_dropping_the_context_a_sliding_window_never_sees_changes_no_loss_or_gra
     # Each sequence keeps window - 1 prompt positions: what its first block sees.
     assert (cropped.offsets[1:] - cropped.offsets[:-1]).tolist() == [window - 1 + answer] * 2
 
-    model = ObjectiveDFlashModel(draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=4 * answer,
-                                 objective="dpace")
-
-    def result(model, feature_set):
+    def result(drafter, feature_set):
+        model = ObjectiveDFlashModel(drafter, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=4 * answer,
+                                     objective="dpace")
         (micro_batch,) = padded_micro_batches(feature_set, [0, 1], micro_batch_size=2)
         return run(model, (micro_batch["input_ids"], micro_batch["hidden"].to(DTYPE), micro_batch["loss_mask"]))
 
-    assert_same(result(model, cropped), result(model, features), tol=1e-8)  # RoPE rounds at other positions
+    assert_same(result(draft, cropped), result(draft, features), tol=1e-8)  # RoPE rounds at other positions
     # The window does hide context: the same weights with full attention read the dropped positions.
     full_attention, _, _ = tiny_modules(depth=2)
     full_attention.load_state_dict(draft.state_dict())
-    model = ObjectiveDFlashModel(full_attention, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=4 * answer,
-                                 objective="dpace")
-    assert abs(float(result(model, cropped)[0]) - float(result(model, features)[0])) > 1e-6
+    assert abs(float(result(full_attention, cropped)[0]) - float(result(full_attention, features)[0])) > 1e-6
 
 
 def test_bad_configuration_raises():
