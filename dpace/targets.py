@@ -14,7 +14,17 @@ import zlib
 from pathlib import Path
 
 import torch
-from transformers import AutoConfig, AutoModelForCausalLM, AutoTokenizer, LlamaConfig, LlamaForCausalLM
+from transformers import (
+    AttentionInterface,
+    AttentionMaskInterface,
+    AutoConfig,
+    AutoModelForCausalLM,
+    AutoTokenizer,
+    LlamaConfig,
+    LlamaForCausalLM,
+)
+from transformers.integrations.sdpa_attention import sdpa_attention_forward
+from transformers.masking_utils import sdpa_mask
 
 from dpace.io import atomic_folder, atomic_write_json, input_checksum
 
@@ -154,12 +164,56 @@ def resolve_dtype(dtype: str, device: str = "cpu") -> str:
     return "bfloat16" if native_bf16(device) else "float32"
 
 
+GROUPED_KV_SDPA = "sdpa_grouped_kv"
+
+
+def grouped_kv_sdpa(module, query, key, value, attention_mask, dropout=0.0, scaling=None, is_causal=None, **kwargs):
+    """transformers' SDPA attention, except that on a CPU a masked call lets SDPA share each key/value
+    head among its query heads (``enable_gqa``) instead of copying the keys and values once per query head.
+
+    transformers copies them whenever there is a mask (a padded batch, a verification block), because
+    CUDA's fused kernels take no mask with grouped heads; PyTorch's CPU kernel does. SmolLM2 has 9 query
+    heads per 3 key/value heads, so batched decoding copied its whole KV cache three times per layer and
+    step: a batch-64 decode step with 382-token prompts spent 18 of its ~21 ms per layer there (4 ms
+    without the copy; benchmarks/bench_generation.py). The products are the same: greedy answers are
+    identical token for token (tests/test_embedded_target.py, tests/test_stages.py).
+    """
+    if (attention_mask is None or query.device.type != "cpu" or kwargs.get("position_bias") is not None
+            or getattr(module, "num_key_value_groups", 1) == 1):
+        return sdpa_attention_forward(module, query, key, value, attention_mask, dropout=dropout,
+                                      scaling=scaling, is_causal=is_causal, **kwargs)
+    output = torch.nn.functional.scaled_dot_product_attention(
+        query, key, value, attn_mask=attention_mask, dropout_p=dropout, scale=scaling, enable_gqa=True
+    )
+    return output.transpose(1, 2).contiguous(), None
+
+
+AttentionInterface.register(GROUPED_KV_SDPA, grouped_kv_sdpa)
+AttentionMaskInterface.register(GROUPED_KV_SDPA, sdpa_mask)
+
+
+def _contiguous_input(module, args):
+    # generate() asks for the last position's logits only (logits_to_keep=1): a [batch, 1, hidden] slice
+    # that keeps its parent's batch stride, which sends CPU matmuls down a path that copies the whole
+    # [hidden, vocab] head once per row (2.3 s of a 16-prompt prefill); a contiguous copy costs microseconds.
+    return (args[0].contiguous(), *args[1:])
+
+
 def load_target(target_json: str | Path, device: str = "cpu", dtype: torch.dtype = torch.float32):
-    """The target model in eval mode with SDPA attention, and its tokenizer."""
+    """The target model in eval mode with SDPA attention, and its tokenizer.
+
+    On a CPU it attends with ``grouped_kv_sdpa`` (SDPA without per-head KV copies) where the model
+    supports transformers' attention interface, and its LM head reads contiguous rows.
+    """
     path, trust = model_location(target_json)
     model = AutoModelForCausalLM.from_pretrained(
         path, dtype=dtype, attn_implementation="sdpa", trust_remote_code=trust
     )
+    if torch.device(device).type == "cpu" and getattr(model, "_supports_attention_backend", False):
+        model.set_attn_implementation(GROUPED_KV_SDPA)
+    head = model.get_output_embeddings()
+    if head is not None:
+        head.register_forward_pre_hook(_contiguous_input)
     model.to(device).eval()
     for parameter in model.parameters():
         parameter.requires_grad_(False)

@@ -57,3 +57,39 @@ def test_embedded_target_answers_a_chat_prompt_greedily(embedded_target_json):
     # A real instruction-tuned model, not random weights: it answers, and it stops on its own.
     assert "4" in answer
     assert output[0, -1].item() in stops
+
+
+# Prompts of very different lengths, so the batch is left-padded and the mask matters.
+PADDED_BATCH_PROMPTS = [
+    "Hi!",
+    "Name three primary colours.",
+    "Write a Python function that checks whether a string is a palindrome, ignoring case and spaces.",
+    "Explain step by step how to compute the area of a circle of radius 3, then give the result to two decimals.",
+]
+
+
+def test_batched_greedy_answers_do_not_change_with_grouped_kv_attention(embedded_target_json, tmp_path, monkeypatch):
+    """``load_target``'s CPU attention (``dpace.targets.grouped_kv_sdpa``) is a speed-up only: SmolLM2's
+    greedy answers to a left-padded batch, in the pipeline's precision, are those of transformers' SDPA."""
+    import dpace.generation
+    from dpace.generation import generate_responses
+
+    prompts = tmp_path / "prompts.jsonl"
+    prompts.write_text("".join(
+        json.dumps({"id": f"p{i}", "prompt": prompt}) + "\n" for i, prompt in enumerate(PADDED_BATCH_PROMPTS)))
+
+    def answers(name):
+        out = tmp_path / f"{name}.jsonl"
+        generate_responses(embedded_target_json, prompts, out, max_new_tokens=24,
+                           batch_size=len(PADDED_BATCH_PROMPTS), dtype="auto")
+        return out.read_text()
+
+    grouped = answers("grouped")
+
+    def plain_sdpa_target(*args, **kwargs):  # what load_target gave before grouped_kv_sdpa
+        model, tokenizer = load_target(*args, **kwargs)
+        model.set_attn_implementation("sdpa")
+        return model, tokenizer
+
+    monkeypatch.setattr(dpace.generation, "load_target", plain_sdpa_target)
+    assert answers("plain") == grouped
