@@ -7,7 +7,7 @@ positions whose argmax is the target's token (the T=0 emitted length if the targ
 context, which it is at T=0), the per-position accuracy, and the mean q of the target's token.
 
     python benchmarks/learning_curve.py --run-dir results --name dflash-e6 --epochs 6
-    python benchmarks/learning_curve.py --plot docs/learning-curve.png      # every recorded curve
+    python benchmarks/learning_curve.py --plot docs/learning-curve.png --plot-only 'runA-*'  # one group of curves
 
 ``--benchmark-answers`` also scores every epoch on the target's own T=0 answers to the run's benchmark
 prompts (an autoregressive-baseline jsonl): teacher-forced on those answers, the proxy is what speculative
@@ -213,29 +213,44 @@ def default_dataset() -> str:
     return mixture_name(config["data"]["train_set"])
 
 
-def plot(record_path: str, out: str) -> None:
+def plot(record_path: str, out: str, only: str = "*") -> None:
+    """Every recorded curve whose name matches ``only`` (a shell pattern): held-out tau proxy on the left,
+    the benchmark-answer proxy on the right (held-out accuracy when no selected run scored benchmark answers)."""
+    import fnmatch
+
     import matplotlib
 
     matplotlib.use("Agg")
     import matplotlib.pyplot as plt
 
     records = [json.loads(line) for line in Path(record_path).read_text().splitlines() if line.strip()]
-    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 7.5))
+    records = [record for record in records if fnmatch.fnmatch(record["name"], only)]
+    if not records:
+        raise ValueError(f"no recorded curve in {record_path} is named like {only!r}")
+    on_benchmark = any("benchmark_tau_proxy" in record["curve"][0] for record in records)
+    fig, (left, right) = plt.subplots(1, 2, figsize=(11, 5 + 0.12 * len(records)), sharey=on_benchmark)
     tab20 = plt.get_cmap("tab20").colors
     palette = tab20[::2] + tab20[1::2]  # more curves than the default cycle's 10 colours
     for index, record in enumerate(records):
         minutes = [0.0] + [point["train_minutes"] for point in record["curve"]]
         style = {"marker": "o", "label": record["name"], "color": palette[index % len(palette)]}
         left.plot(minutes, [1.0] + [p["tau_proxy"] for p in record["curve"]], **style)
-        right.plot(minutes, [0.0] + [p["accuracy"] for p in record["curve"]], **style)
-        if "benchmark_tau_proxy" in record["curve"][0]:  # dashed: the same checkpoints on the benchmark answers
-            dashed = {**style, "linestyle": "--", "marker": "x", "label": f"{record['name']} (benchmark answers)"}
-            left.plot(minutes, [1.0] + [p["benchmark_tau_proxy"] for p in record["curve"]], **dashed)
-    left.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out tau proxy (T=0, teacher-forced)")
-    right.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out accuracy (positions 1..B-1)")
+        if not on_benchmark:
+            right.plot(minutes, [0.0] + [p["accuracy"] for p in record["curve"]], **style)
+        elif "benchmark_tau_proxy" in record["curve"][0]:
+            right.plot(minutes, [1.0] + [p["benchmark_tau_proxy"] for p in record["curve"]], **style)
+    left.set(xlabel="training minutes (2 CPU cores)", ylabel="tau proxy (T=0, teacher-forced)",
+             title="held-out training answers")
+    if on_benchmark:
+        right.set(xlabel="training minutes (2 CPU cores)", title="the target's answers to Table 1's prompts")
+    else:
+        right.set(xlabel="training minutes (2 CPU cores)", ylabel="held-out accuracy (positions 1..B-1)")
+    for axis in (left, right):
+        axis.grid(alpha=0.3)
     handles, labels = left.get_legend_handles_labels()
-    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=7, frameon=False)
-    fig.tight_layout(rect=(0, 0.30, 1, 1))  # the legend (one entry per run) below the two panels
+    rows = -(-len(records) // 3)
+    fig.legend(handles, labels, loc="lower center", ncol=3, fontsize=8, frameon=False)
+    fig.tight_layout(rect=(0, 0.045 * rows + 0.02, 1, 1))  # the legend (one entry per run) below the panels
     fig.savefig(out, dpi=130)
 
 
@@ -276,9 +291,10 @@ if __name__ == "__main__":
     parser.add_argument("--note", help="a remark stored with the record (e.g. what else ran on the machine)")
     parser.add_argument("--work-dir", default="/tmp/dpace-learning-curve")
     parser.add_argument("--record", default=str(Path(__file__).with_name("learning_curves.jsonl")))
-    parser.add_argument("--plot", help="write a figure of every curve in --record to this path, and exit")
+    parser.add_argument("--plot", help="write a figure of the curves in --record to this path, and exit")
+    parser.add_argument("--plot-only", default="*", help="plot the curves whose name matches this shell pattern")
     arguments = parser.parse_args()
     if arguments.plot:
-        plot(arguments.record, arguments.plot)
+        plot(arguments.record, arguments.plot, arguments.plot_only)
     else:
         run(arguments)
