@@ -20,8 +20,7 @@ import torch.nn.functional as F
 
 from dpace.decoding import _context_features, _output_head
 from dpace.drafter import draft_output_head, load_drafter
-from dpace.io import read_jsonl
-from dpace.targets import chat_prompt_ids, load_target
+from dpace.targets import load_target
 
 
 def accepted_at_every_position(drafter, target, ids: torch.Tensor, answer_start: int) -> list[int]:
@@ -58,21 +57,19 @@ def main() -> None:
     parser.add_argument("--drafter", required=True, help="a drafter checkpoint folder")
     parser.add_argument("--target", default="smollm2-135m")
     args = parser.parse_args()
+    # this folder's script: the same answers its benchmark proxy scores
+    from learning_curve import benchmark_answers
+
     results = Path(args.run_dir) / "results"
     target, tokenizer = load_target(results / "targets" / args.target / "target.json")
     drafter = load_drafter(args.drafter)
-    prompts = {(path.stem, str(row["id"])): row for path in sorted((results / "data" / "benchmarks").glob("*.jsonl"))
-               for row in read_jsonl(path)}
-    answers = [r for r in read_jsonl(results / "eval" / args.target / "autoregressive-baseline.jsonl")
-               if r["temperature"] == 0.0]
+    answers = benchmark_answers(results, tokenizer, results / "eval" / args.target / "autoregressive-baseline.jsonl")
     per_benchmark: dict[str, list[tuple[float, float]]] = {}
     with torch.no_grad():
-        for record in answers:
-            prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": prompts[record["benchmark"], record["id"]]["turns"][0]}])
-            ids = torch.tensor([prompt + record["turns"][0]["new_token_ids"]])
-            accepted = accepted_at_every_position(drafter, target, ids, len(prompt))
+        for benchmark, prompt, answer in answers:
+            accepted = accepted_at_every_position(drafter, target, torch.tensor([prompt + answer]), len(prompt))
             proxy = sum(a + 1 for a in accepted) / len(accepted)
-            per_benchmark.setdefault(record["benchmark"], []).append((proxy, decoding_anchors_tau(accepted)))
+            per_benchmark.setdefault(benchmark, []).append((proxy, decoding_anchors_tau(accepted)))
     print("benchmark  all-positions proxy  decoding's anchors")
     for benchmark, scores in per_benchmark.items():
         print(f"{benchmark:10s} {sum(p for p, _ in scores) / len(scores):.3f}  {sum(t for _, t in scores) / len(scores):.3f}")

@@ -76,20 +76,28 @@ def first_answer_tokens(features, max_answer_tokens: int):
     return features.slices(spans)
 
 
-def benchmark_answer_features(run_dir: Path, target, tokenizer, records_path: Path, layer_ids: list[int]):
-    """Features of the target's T=0 answers to the first turn of each benchmark prompt, as
-    ``dpace.features`` computes them for training (float32 target, bf16 storage)."""
-    from dpace.features import STORE_DTYPE, FeatureSet, target_hidden_states
+def benchmark_answers(run_dir: Path, tokenizer, records_path: Path) -> list[tuple[str, list[int], list[int]]]:
+    """(benchmark, prompt ids, answer ids) of the target's T=0 answers to the first turn of each benchmark
+    prompt (an autoregressive-baseline jsonl of the run whose ``results/`` is ``run_dir``), by benchmark."""
     from dpace.io import read_jsonl
     from dpace.targets import chat_prompt_ids
 
     rows = {(path.stem, str(row["id"])): row for path in sorted((run_dir / "data" / "benchmarks").glob("*.jsonl"))
             for row in read_jsonl(path)}
-    sequences = []
     answers = sorted((r for r in read_jsonl(records_path) if r["temperature"] == 0.0), key=lambda r: r["benchmark"])
-    for record in answers:
-        prompt = chat_prompt_ids(tokenizer, [{"role": "user", "content": rows[record["benchmark"], record["id"]]["turns"][0]}])
-        answer = record["turns"][0]["new_token_ids"]
+    return [(record["benchmark"],
+             chat_prompt_ids(tokenizer, [{"role": "user", "content": rows[record["benchmark"], record["id"]]["turns"][0]}]),
+             record["turns"][0]["new_token_ids"])
+            for record in answers]
+
+
+def benchmark_answer_features(run_dir: Path, target, tokenizer, records_path: Path, layer_ids: list[int]):
+    """Features of ``benchmark_answers``, as ``dpace.features`` computes them for training (float32 target,
+    bf16 storage)."""
+    from dpace.features import STORE_DTYPE, FeatureSet, target_hidden_states
+
+    sequences = []
+    for _, prompt, answer in benchmark_answers(run_dir, tokenizer, records_path):
         ids = torch.tensor([prompt + answer])
         with torch.no_grad():
             hidden, last = target_hidden_states(target, ids, torch.ones_like(ids), layer_ids, True)
