@@ -14,6 +14,7 @@ import torch
 from transformers import PretrainedConfig, Qwen3Config
 
 from dpace.io import atomic_folder
+from dpace.targets import GROUPED_KV_SDPA
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -114,7 +115,9 @@ def build_drafter(config: Qwen3Config, seed: int = 0, attention_backend: str = "
     """
     from specforge.modeling.draft.dflash import DFlashDraftModel
 
-    config._attn_implementation = attention_backend
+    # SDPA without per-head key/value copies on a CPU (dpace.targets.grouped_kv_sdpa; plain SDPA elsewhere):
+    # the dense DFlash mask made transformers copy them three times per step, in the backward pass too.
+    config._attn_implementation = GROUPED_KV_SDPA if attention_backend == "sdpa" else attention_backend
     with torch.random.fork_rng():
         torch.manual_seed(seed)
         return DFlashDraftModel(config).float()

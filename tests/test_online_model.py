@@ -280,3 +280,23 @@ def test_flex_attention_gives_the_sdpa_loss():
         losses[backend + " q"] = metrics["q_per_position"]
     torch.testing.assert_close(losses["sdpa"], losses["flex_attention"], atol=1e-5, rtol=1e-5)
     torch.testing.assert_close(losses["sdpa q"], losses["flex_attention q"], atol=1e-5, rtol=1e-5)
+
+
+@pytest.mark.parametrize("sliding_window", [0, 3])
+def test_drafters_train_on_grouped_kv_attention_with_the_losses_and_gradients_of_plain_sdpa(sliding_window):
+    """``build_drafter`` trains its SDPA drafters on ``dpace.targets.grouped_kv_sdpa`` (no per-head key/value
+    copies on a CPU): the dense DFlash mask must give the same loss and gradients as transformers' SDPA."""
+    from dpace.drafter import build_drafter
+    from dpace.targets import GROUPED_KV_SDPA
+
+    draft, lm_head, embed = tiny_modules(sliding_window=sliding_window)
+    assert draft.config.num_attention_heads // draft.config.num_key_value_heads == 2  # a grouped layer
+    assert build_drafter(draft.config.__class__(**draft.config.to_dict())).config._attn_implementation == GROUPED_KV_SDPA
+    results = {}
+    for implementation in ("sdpa", GROUPED_KV_SDPA):
+        draft.config._attn_implementation = implementation
+        model = ObjectiveDFlashModel(draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=8, objective="dflash",
+                                     gamma=2.0)
+        results[implementation] = run(model, batch())
+    assert_same(results["sdpa"], results[GROUPED_KV_SDPA], tol=1e-10)
+    assert float(results["sdpa"][0]) > 0 and any(grad.abs().sum() > 0 for grad in results["sdpa"][3])
