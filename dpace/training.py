@@ -127,7 +127,7 @@ def resolve_precision(precision: str, device: str = "cpu") -> str:
 
 def _first_non_finite(model: torch.nn.Module) -> str | None:
     """Name of the first parameter whose gradient holds a NaN or an infinity (a slow per-tensor scan: run it
-    only once the total gradient norm, which any non-finite entry makes non-finite, says there is one)."""
+    only when the total gradient norm, which any non-finite entry makes non-finite, is not finite)."""
     for name, parameter in model.named_parameters():
         if parameter.grad is not None and not torch.isfinite(parameter.grad).all():
             return f"gradient of {name}"
@@ -347,10 +347,11 @@ def train_drafter(
                     weights.append(metrics["weight_per_position"])
                 gradients = [p.grad for p in drafter.parameters() if p.grad is not None]
                 grad_norm = torch.nn.utils.get_total_norm(gradients)
-                if not torch.isfinite(grad_norm):
+                # A norm can also overflow from finite gradients; those are clipped, as before.
+                bad = None if torch.isfinite(grad_norm) else _first_non_finite(drafter)
+                if bad:
                     raise FloatingPointError(
-                        f"non-finite {_first_non_finite(drafter)} at step {global_step} (objective {objective}); "
-                        "no checkpoint was written"
+                        f"non-finite {bad} at step {global_step} (objective {objective}); no checkpoint was written"
                     )
                 torch.nn.utils.clip_grads_with_norm_(gradients, config.max_grad_norm, grad_norm)
                 optimizer.step()
