@@ -320,3 +320,26 @@ def test_experiment_comparisons_average_a_method_over_its_training_seeds():
     frame = pd.DataFrame(rows)
     frame.loc[(frame["objective"] == "dflash") & (frame["training_seed"] == 2), "training_seed"] = 9
     assert set(experiment_comparisons(frame, resamples=200)["seed_pairing"]) == {"independent"}
+
+
+def test_experiment_metrics_compare_methods_over_the_seeds_their_metadata_names(tmp_path):
+    """The metrics job (dpace.report): per-seed summaries in, one comparison per method with its seeds out."""
+    from dpace.report import experiment_metrics
+
+    generator = np.random.default_rng(9)
+    ours, reference = _seed_study(generator, seeds=2, prompts=6)
+    variants, paths = [], []
+    for objective, taus in (("dflash", reference), ("dpace", ours)):
+        for index, seed_taus in enumerate(taus):
+            variant = f"{objective}-e2" + (f"-s{index}" if index else "")
+            variants.append({"target": "t", "variant": variant, "method": f"{objective}-e2", "training_seed": index,
+                             "experiment": "main", "objective": objective, "depth": 1, "block_size": 8, "epochs": 2})
+            folder = tmp_path / "eval" / "t" / variant / "epoch-2" / "full"
+            folder.mkdir(parents=True)
+            paths.append(_summary_file(folder / "summary.json", {0.0: _requests(seed_taus)}))
+    metrics, _, comparisons = experiment_metrics(variants, paths)
+    assert sorted(set(zip(metrics["method"], metrics["training_seed"], strict=True))) == [
+        ("dflash-e2", 0), ("dflash-e2", 1), ("dpace-e2", 0), ("dpace-e2", 1)]
+    avg = comparisons.query("benchmark == 'avg' and metric == 'tau'")
+    assert len(avg) == 1 and avg.iloc[0]["num_seeds"] == 2 and avg.iloc[0]["variant"] == "dpace-e2"
+    assert avg.iloc[0]["difference"] == pytest.approx((ours - reference).mean())
