@@ -281,7 +281,8 @@ def experiment_comparisons(
     keys = ["target", "experiment", "epoch", "suite", "temperature", "depth", "block_size"]
     evaluations = evaluations.assign(
         method=evaluations["method"] if "method" in evaluations else evaluations["variant"],
-        training_seed=evaluations["training_seed"] if "training_seed" in evaluations else 0,
+        # Evaluations that do not name their seed (NaN) are one unnamed seed each.
+        training_seed=evaluations["training_seed"].fillna(-1) if "training_seed" in evaluations else 0,
     )
     rows = []
     for key, cell in evaluations.groupby(keys, sort=True, dropna=False):
