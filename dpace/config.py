@@ -114,11 +114,11 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
 def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
     """``variant`` at each of train.seeds consecutive training seeds, its own first. A seed equal to the
     top-level seed is named without a suffix, as a drafter trained with it always is."""
+    seeds = int(config["train"].get("seeds", 1))
+    if seeds == 1:
+        return [variant]
     first = variant.seed(config["seed"])
-    return [
-        replace(variant, training_seed=None if first + i == config["seed"] else first + i)
-        for i in range(int(config["train"].get("seeds", 1)))
-    ]
+    return [replace(variant, training_seed=None if first + i == config["seed"] else first + i) for i in range(seeds)]
 
 
 def experiments(config: dict) -> dict[str, Experiment]:
