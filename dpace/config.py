@@ -9,7 +9,7 @@ the same drafter share one training job and one evaluation.
 from __future__ import annotations
 
 import copy
-from dataclasses import dataclass, field
+from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dpace.conversations import dataset_name
@@ -33,17 +33,28 @@ class Variant:
     # train.seed where it differs from the top-level seed (which also picks the prompts): a second
     # training run of the same drafter on the same answers, named apart from the first.
     training_seed: int | None = None
+    # train.seeds > 1: the training_seed of this drafter's first seed, whose id names the method that
+    # its seeds are averaged and compared under (tables, comparisons); the first seed keeps today's id.
+    first_training_seed: int | None = None
 
     @property
     def id(self) -> str:
+        return self._id(self.training_seed)
+
+    @property
+    def method_id(self) -> str:
+        """The id of this drafter's first training seed: the same for all its seeds."""
+        return self._id(self.first_training_seed)
+
+    def _id(self, training_seed: int | None) -> str:
         parts = [self.objective]
         parts += [f"{name}{value:g}" if isinstance(value, float) else f"{name}{value}" for name, value in self.hparams]
         parts += [f"d{self.depth}", f"b{self.block_size}"]
         if self.normalization:
             parts.append(f"n{self.normalization}")
         parts.append(f"e{self.epochs}")
-        if self.training_seed is not None:
-            parts.append(f"s{self.training_seed}")
+        if training_seed is not None:
+            parts.append(f"s{training_seed}")
         return "-".join(parts)
 
     def seed(self, config_seed: int) -> int:
@@ -86,6 +97,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
     training_seed = train.get("seed")
+    seed = None if training_seed is None or training_seed == config["seed"] else int(training_seed)
     return Variant(
         target=target,
         objective=objective,
@@ -94,8 +106,19 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
         hparams=tuple(sorted(resolved.items())),
         normalization=normalization,
         epochs=int(epochs or train["epochs"]),
-        training_seed=None if training_seed is None or training_seed == config["seed"] else int(training_seed),
+        training_seed=seed,
+        first_training_seed=seed,
     )
+
+
+def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
+    """``variant`` at each of train.seeds consecutive training seeds, its own first. A seed equal to the
+    top-level seed is named without a suffix, as a drafter trained with it always is."""
+    seeds = int(config["train"].get("seeds", 1))
+    if seeds == 1:
+        return [variant]
+    first = variant.seed(config["seed"])
+    return [replace(variant, training_seed=None if first + i == config["seed"] else first + i) for i in range(seeds)]
 
 
 def experiments(config: dict) -> dict[str, Experiment]:
@@ -176,6 +199,8 @@ def experiments(config: dict) -> dict[str, Experiment]:
             *(_variant(config, main_target, "dpace", normalization=mode, where="experiments.normalization.modes")
               for mode in e.get("modes", ["batch", "anchor", "weight", "token"])),
         ])
+    for experiment in out.values():  # train.seeds: every drafter at each seed, its seeds side by side
+        experiment.variants = [seeded for v in experiment.variants for seeded in _seed_replicates(config, v)]
     return out
 
 

@@ -8,6 +8,15 @@ and SR = mean AR time per output token / mean speculative time per output token;
 over the benchmarks. A difference is *significant* when its 95% percentile interval excludes 0. With few
 prompts per benchmark the plain bootstrap is too narrow by sqrt((n-1)/n); each benchmark's resamples are
 widened by the inverse, and a benchmark with a single prompt gives no interval (NaN, never significant).
+
+With several training seeds of each drafter (``train.seeds``) the statistic is the mean over seeds, and
+the bootstrap has two levels (``hierarchical_bootstrap``): each resample draws seeds with replacement and,
+independently, prompts with replacement; every seed of both drafters is scored on the same resampled
+prompts. Seed i of one objective and seed i of another start from the same initial weights and see the
+same data order and anchors (the seed fixes all three; the objective changes none), so seeds are paired
+by their value, like prompts: one seed draw serves both drafters. Drafters trained on different seed
+sets are resampled independently. ``variance_components`` splits the estimate's variance into its
+prompt and training-seed parts (two-way ANOVA on the prompts x seeds table).
 """
 
 from __future__ import annotations
@@ -26,6 +35,7 @@ COMPARISON_COLUMNS = [
     "target", "experiment", "epoch", "suite", "temperature", "depth", "block_size", "variant", "objective",
     "reference_variant", "metric", "benchmark", "value", "reference_value", "difference",
     "relative_difference", "ci_low", "ci_high", "significant", "num_prompts", "resamples",
+    "num_seeds", "reference_num_seeds", "seed_pairing", "var_prompts", "var_seeds",
 ]
 
 
@@ -44,11 +54,84 @@ def _prompt_sums(requests: Sequence[dict], prompt_ids: Sequence[str]) -> np.ndar
     return sums
 
 
+# The (numerator, denominator) columns of ``_prompt_sums`` whose ratio of sums each metric is.
+RATIOS = {"tau": (1, 0), "speedup": (2, 3)}
+
+
 def _statistics(sums: np.ndarray) -> dict[str, np.ndarray]:
     """tau and SR from summed prompt rows; ``sums`` is [..., prompts, 4], the result [...]."""
     total = sums.sum(axis=-2)
     with np.errstate(invalid="ignore", divide="ignore"):  # a resample of prompts without any tau: NaN
-        return {"tau": total[..., 1] / total[..., 0], "speedup": total[..., 2] / total[..., 3]}
+        return {metric: total[..., num] / total[..., den] for metric, (num, den) in RATIOS.items()}
+
+
+def _linearized(sums: np.ndarray, metric: str) -> np.ndarray:
+    """Per-prompt values whose plain mean is the ratio statistic: [seeds, prompts, 4] -> [seeds, prompts].
+
+    A ratio of sums R = sum(num) / sum(den) moves, to first order, with the mean of
+    R + (num_p - R den_p) / mean(den): the linearization that lets a ratio take part in the variance
+    decomposition of means. One request with a tau per prompt: each prompt's value is its tau.
+    """
+    num, den = sums[..., RATIOS[metric][0]], sums[..., RATIOS[metric][1]]
+    with np.errstate(invalid="ignore", divide="ignore"):
+        ratio = num.sum(axis=-1, keepdims=True) / den.sum(axis=-1, keepdims=True)
+        return ratio + (num - ratio * den) / den.mean(axis=-1, keepdims=True)
+
+
+def _seed_widening(seeds: int, tail: float) -> float:
+    """The factor on one drafter's seed deviations: sqrt(n/(n-1)) for the bootstrap's biased variance,
+    times t_{n-1}/z at the interval's quantile, because n seeds estimate their own spread with n - 1
+    degrees of freedom (unwidened, a bootstrap over 3 seeds covers about 80% of the time, not 95%).
+    One seed has no spread: 0."""
+    if seeds < 2:
+        return 0.0
+    from scipy import stats
+
+    return math.sqrt(seeds / (seeds - 1)) * float(stats.t.ppf(1.0 - tail, seeds - 1) / stats.norm.ppf(1.0 - tail))
+
+
+def _interaction_mean_square(table: np.ndarray) -> float:
+    """The seeds x prompts interaction's mean square of a [seeds, prompts] table (two-way ANOVA without
+    replication); 0 where it is not identified (one prompt), which counts it with the seeds."""
+    seeds, prompts = table.shape
+    if seeds < 2 or prompts < 2:
+        return 0.0
+    residual = table - table.mean(axis=1, keepdims=True) - table.mean(axis=0, keepdims=True) + table.mean()
+    return float((residual**2).sum() / ((seeds - 1) * (prompts - 1)))
+
+
+def _seed_variance(tables: Sequence[np.ndarray]) -> float:
+    """sigma_seed^2 / n of one set of [seeds, prompts] tables (one per benchmark, averaged): the spread
+    of the seeds' own estimates less the part of it that their prompt-level interaction explains."""
+    seeds = tables[0].shape[0]
+    if seeds < 2:
+        return math.nan
+    per_seed = np.mean([table.mean(axis=1) for table in tables], axis=0)
+    interaction = sum(_interaction_mean_square(table) / table.shape[1] for table in tables) / len(tables) ** 2
+    return max(0.0, float(per_seed.var(ddof=1)) - interaction) / seeds
+
+
+def variance_components(
+    ours: Sequence[np.ndarray], theirs: Sequence[np.ndarray] | None = None, *, paired_seeds: bool = True
+) -> tuple[float, float]:
+    """(prompts, training seeds): the two parts of the variance of the estimate
+    mean over benchmarks b of mean over seeds and prompts of (``ours[b]`` - ``theirs[b]``).
+
+    ``ours[b]`` is a [seeds, prompts] table of per-prompt values of benchmark b (``theirs`` None: one
+    drafter alone). Within a benchmark, value[s, p] = mu + u_s + b_p + e_sp (seed effect, prompt effect,
+    their interaction), and the estimate's variance is sigma_u^2 / n_seeds (seeds) plus
+    sigma_b^2 / n_prompts + sigma_e^2 / (n_seeds n_prompts) (prompts: what drawing other prompts would
+    change), each estimated without bias by the ANOVA mean squares. Seeds paired across the drafters
+    enter as the per-seed difference; unpaired, each drafter's seed variance adds. The seed part is
+    NaN with one seed, the prompt part NaN with one prompt in a benchmark.
+    """
+    if theirs is not None and paired_seeds:
+        ours, theirs = [a - b for a, b in zip(ours, theirs, strict=True)], None
+    columns = [a.mean(axis=0) - (0.0 if theirs is None else b.mean(axis=0))
+               for a, b in zip(ours, theirs if theirs is not None else ours, strict=True)]
+    prompts = sum(float(c.var(ddof=1)) / len(c) if len(c) > 1 else math.nan for c in columns) / len(columns) ** 2
+    seeds = _seed_variance(ours) + (0.0 if theirs is None else _seed_variance(theirs))
+    return prompts, seeds
 
 
 def paired_bootstrap(
@@ -63,43 +146,96 @@ def paired_bootstrap(
 
     ``requests[benchmark]`` lists one dict per request (``id`` of its prompt, ``tau``, ``ar_tpot_s``,
     ``spec_tpot_s``); both drafters must have answered exactly the same prompts of each benchmark.
+    One training seed each: ``hierarchical_bootstrap`` with its seed level left out.
     """
-    if set(requests) != set(reference_requests):
-        raise ValueError(f"benchmarks differ: {sorted(requests)} vs {sorted(reference_requests)}")
-    generator = np.random.default_rng(seed)
+    return hierarchical_bootstrap([requests], [reference_requests], resamples=resamples, seed=seed, level=level)
+
+
+def hierarchical_bootstrap(
+    requests: Sequence[dict[str, Sequence[dict]]],
+    reference_requests: Sequence[dict[str, Sequence[dict]]],
+    *,
+    paired_seeds: bool = True,
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> list[dict]:
+    """Differences (drafter - reference) of the means over training seeds, with intervals that resample
+    seeds and prompts; per benchmark and averaged over benchmarks.
+
+    ``requests[i][benchmark]``: the requests of the drafter's i-th training seed (as in
+    ``paired_bootstrap``); every seed of both drafters answered the same prompts. ``paired_seeds``: seed i
+    of both drafters is one draw of the training randomness (same seed value), so one seed draw serves
+    both; otherwise each drafter's seeds are drawn on their own (their counts may differ).
+
+    Each resample's deviation from the point difference splits into a seed part (seeds drawn, all
+    prompts kept), widened per drafter by ``_seed_widening``, and a prompt part (the same seeds, prompts
+    drawn too), widened by sqrt(n/(n-1)) per benchmark as with one seed. The prompt draws are
+    ``paired_bootstrap``'s, so a drafter whose seeds all decode alike gets exactly its interval. Counting
+    the interaction once in each part makes the interval a little conservative (``variance_components``
+    gives the split without that).
+    """
+    if not requests or not reference_requests:
+        raise ValueError("each drafter needs at least one training seed")
+    if paired_seeds and len(requests) != len(reference_requests):
+        raise ValueError(f"paired seeds need as many seeds of each drafter: {len(requests)} vs {len(reference_requests)}")
+    benchmarks = set(requests[0])
+    for by_benchmark in (*requests, *reference_requests):
+        if set(by_benchmark) != benchmarks:
+            raise ValueError(f"benchmarks differ: {sorted(benchmarks)} vs {sorted(by_benchmark)}")
+    generator = np.random.default_rng(seed)  # prompts, one benchmark after another
+    seed_generator = np.random.default_rng([seed, 1])  # training seeds: shared by every benchmark
+    ours_draws = seed_generator.integers(0, len(requests), size=(resamples, len(requests)))
+    theirs_draws = ours_draws if paired_seeds else seed_generator.integers(
+        0, len(reference_requests), size=(resamples, len(reference_requests)))
     tail = (1.0 - level) / 2.0
+    ours_widen, theirs_widen = _seed_widening(len(requests), tail), _seed_widening(len(reference_requests), tail)
+    seed_counts = {"num_seeds": len(requests), "reference_num_seeds": len(reference_requests),
+                   "seed_pairing": "paired" if paired_seeds else "independent"}
     rows, resampled_differences, point_values = [], {m: [] for m in METRICS}, {m: [] for m in METRICS}
-    for benchmark in sorted(requests):
-        prompt_ids = sorted({str(r["id"]) for r in requests[benchmark]})
-        reference_ids = sorted({str(r["id"]) for r in reference_requests[benchmark]})
-        if prompt_ids != reference_ids:
-            raise ValueError(f"{benchmark}: the two drafters were evaluated on different prompts")
-        ours = _prompt_sums(requests[benchmark], prompt_ids)
-        theirs = _prompt_sums(reference_requests[benchmark], prompt_ids)
-        # One index matrix for both drafters: that is what makes the bootstrap paired.
+    tables = {m: ([], []) for m in METRICS}
+    for benchmark in sorted(benchmarks):
+        prompt_ids = sorted({str(r["id"]) for r in requests[0][benchmark]})
+        for by_benchmark in (*requests, *reference_requests):
+            if sorted({str(r["id"]) for r in by_benchmark[benchmark]}) != prompt_ids:
+                raise ValueError(f"{benchmark}: the two drafters were evaluated on different prompts")
+        ours = np.stack([_prompt_sums(by_benchmark[benchmark], prompt_ids) for by_benchmark in requests])
+        theirs = np.stack([_prompt_sums(by_benchmark[benchmark], prompt_ids) for by_benchmark in reference_requests])
+        # One index matrix for both drafters and all their seeds: that is what makes the bootstrap paired.
         draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
-        ours_point, theirs_point = _statistics(ours), _statistics(theirs)
-        ours_boot, theirs_boot = _statistics(ours[draws]), _statistics(theirs[draws])
+        ours_point, theirs_point = _statistics(ours), _statistics(theirs)  # [seeds]
+        ours_boot, theirs_boot = _statistics(ours[:, draws]), _statistics(theirs[:, draws])  # [seeds, resamples]
         # Resampling n prompts spreads a mean by (n-1)/n of its true variance; widen each benchmark's
         # resamples by sqrt(n/(n-1)) around its point estimate (the unbiased variance). One prompt
         # carries no spread at all: its benchmark, and the average over benchmarks, get no interval.
         widen = math.sqrt(len(prompt_ids) / (len(prompt_ids) - 1)) if len(prompt_ids) > 1 else math.nan
         for metric in METRICS:
-            point_difference = ours_point[metric] - theirs_point[metric]
-            differences = point_difference + widen * (ours_boot[metric] - theirs_boot[metric] - point_difference)
+            ours_mean, theirs_mean = ours_point[metric].mean(), theirs_point[metric].mean()
+            point_difference = ours_mean - theirs_mean
+            # Seeds drawn, every prompt kept; then each drawn seed scored on the resample's prompts.
+            ours_seeds, theirs_seeds = ours_point[metric][ours_draws].mean(axis=1), theirs_point[metric][theirs_draws].mean(axis=1)
+            ours_both = np.take_along_axis(ours_boot[metric].T, ours_draws, axis=1).mean(axis=1)
+            theirs_both = np.take_along_axis(theirs_boot[metric].T, theirs_draws, axis=1).mean(axis=1)
+            seed_part = ours_widen * (ours_seeds - ours_mean) - theirs_widen * (theirs_seeds - theirs_mean)
+            prompt_part = (ours_both - theirs_both) - (ours_seeds - theirs_seeds)
+            differences = point_difference + seed_part + widen * prompt_part
             resampled_differences[metric].append(differences)
-            point_values[metric].append((ours_point[metric], theirs_point[metric]))
-            rows.append(_row(benchmark, metric, ours_point[metric], theirs_point[metric], differences, tail,
-                             len(prompt_ids), resamples))
+            point_values[metric].append((ours_mean, theirs_mean))
+            tables[metric][0].append(_linearized(ours, metric))
+            tables[metric][1].append(_linearized(theirs, metric))
+            split = variance_components(tables[metric][0][-1:], tables[metric][1][-1:], paired_seeds=paired_seeds)
+            rows.append(_row(benchmark, metric, ours_mean, theirs_mean, differences, tail, len(prompt_ids),
+                             resamples, split, seed_counts))
     for metric in METRICS:
         ours_avg, theirs_avg = np.mean(point_values[metric], axis=0)
         differences = np.mean(resampled_differences[metric], axis=0)
         prompts = sum(row["num_prompts"] for row in rows if row["metric"] == metric)
-        rows.append(_row("avg", metric, ours_avg, theirs_avg, differences, tail, prompts, resamples))
+        split = variance_components(*tables[metric], paired_seeds=paired_seeds)
+        rows.append(_row("avg", metric, ours_avg, theirs_avg, differences, tail, prompts, resamples, split, seed_counts))
     return rows
 
 
-def _row(benchmark, metric, value, reference, differences, tail, prompts, resamples) -> dict:
+def _row(benchmark, metric, value, reference, differences, tail, prompts, resamples, split, seed_counts) -> dict:
     low, high = np.quantile(differences, [tail, 1.0 - tail]) if np.isfinite(differences).all() else (math.nan, math.nan)
     return {
         "metric": metric,
@@ -113,7 +249,20 @@ def _row(benchmark, metric, value, reference, differences, tail, prompts, resamp
         "significant": bool(low > 0 or high < 0),
         "num_prompts": int(prompts),
         "resamples": int(resamples),
+        **seed_counts,
+        # The variance of the difference that drawing other prompts, and other training seeds, would add.
+        "var_prompts": float(split[0]),
+        "var_seeds": float(split[1]),
     }
+
+
+def _requests_by_seed(evaluations: pd.DataFrame) -> tuple[tuple, list[dict[str, Sequence[dict]]]]:
+    """One drafter's rows of a cell -> (its training seeds, per seed {benchmark: requests})."""
+    seeds, by_seed = [], []
+    for training_seed, rows in evaluations.groupby("training_seed", sort=True):
+        seeds.append(training_seed)
+        by_seed.append(dict(zip(rows["benchmark"], rows["requests"], strict=True)))
+    return tuple(seeds), by_seed
 
 
 def experiment_comparisons(
@@ -123,26 +272,36 @@ def experiment_comparisons(
     suite and temperature (Table 1's DFlash row for each D-PACE row, and so on).
 
     ``evaluations`` has one row per (variant, epoch, suite, benchmark, temperature) with the metrics
-    columns and ``requests`` (the per-request list of that evaluation's summary row).
+    columns and ``requests`` (the per-request list of that evaluation's summary row). With ``method`` and
+    ``training_seed`` columns (``train.seeds`` > 1), the variants of one method are its training seeds:
+    a comparison is between methods, averaged over seeds, with ``hierarchical_bootstrap``'s intervals;
+    its ``variant`` names the method (the id of its first seed). Two methods trained on the same seeds
+    are paired seed by seed.
     """
     keys = ["target", "experiment", "epoch", "suite", "temperature", "depth", "block_size"]
+    evaluations = evaluations.assign(
+        method=evaluations["method"] if "method" in evaluations else evaluations["variant"],
+        # Evaluations that do not name their seed (NaN) are one unnamed seed each.
+        training_seed=evaluations["training_seed"].fillna(-1) if "training_seed" in evaluations else 0,
+    )
     rows = []
     for key, cell in evaluations.groupby(keys, sort=True, dropna=False):
         reference = cell[cell["objective"] == reference_objective]
-        if reference["variant"].nunique() != 1:
+        if reference["method"].nunique() != 1:
             continue  # no single reference in this cell: nothing to compare against
-        reference_variant = reference["variant"].iloc[0]
-        reference_requests = dict(zip(reference["benchmark"], reference["requests"], strict=True))
-        for variant, drafter in cell[cell["variant"] != reference_variant].groupby("variant", sort=True):
-            drafter_requests = dict(zip(drafter["benchmark"], drafter["requests"], strict=True))
-            common = sorted(set(drafter_requests) & set(reference_requests))
-            for result in paired_bootstrap(
-                {b: drafter_requests[b] for b in common}, {b: reference_requests[b] for b in common},
-                resamples=resamples, seed=seed,
+        reference_method = reference["method"].iloc[0]
+        reference_seeds, reference_requests = _requests_by_seed(reference)
+        for method, drafter in cell[cell["method"] != reference_method].groupby("method", sort=True):
+            seeds, drafter_requests = _requests_by_seed(drafter)
+            common = sorted(set.intersection(*(set(by_benchmark) for by_benchmark in (*drafter_requests, *reference_requests))))
+            for result in hierarchical_bootstrap(
+                [{b: by_benchmark[b] for b in common} for by_benchmark in drafter_requests],
+                [{b: by_benchmark[b] for b in common} for by_benchmark in reference_requests],
+                paired_seeds=seeds == reference_seeds, resamples=resamples, seed=seed,
             ):
                 rows.append({
-                    **dict(zip(keys, key, strict=True)), "variant": variant,
-                    "objective": drafter["objective"].iloc[0], "reference_variant": reference_variant, **result,
+                    **dict(zip(keys, key, strict=True)), "variant": method,
+                    "objective": drafter["objective"].iloc[0], "reference_variant": reference_method, **result,
                 })
     return pd.DataFrame(rows, columns=COMPARISON_COLUMNS)
 

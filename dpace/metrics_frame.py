@@ -127,3 +127,30 @@ def target_label_of(df: pd.DataFrame, target: object) -> str:
 def config_mask(df: pd.DataFrame, config: tuple) -> pd.Series:
     """Which rows of ``df`` belong to ``config`` (a ``CONFIG`` tuple: target, depth, block size)."""
     return (df[list(CONFIG)] == pd.Series(config, index=list(CONFIG))).all(axis=1)
+
+
+# What names one evaluation apart from the training seed it was trained with (``mean_over_seeds``).
+EVALUATION_KEYS: tuple[str, ...] = (
+    "target", "target_label", "method", "experiment", "objective", "depth", "block_size", "alpha", "k", "gamma",
+    "normalization", "epoch", "suite", "benchmark", "temperature", "verification",
+)
+# Counts that add up over seeds (every seed's evaluation decoded them); other numbers are averaged.
+SUMMED_OVER_SEEDS: tuple[str, ...] = ("num_output_tokens", "greedy_mismatches", "greedy_ties", "greedy_failures")
+
+
+def mean_over_seeds(metrics: pd.DataFrame) -> pd.DataFrame:
+    """One row per method and evaluation: the mean over its training seeds (``train.seeds``) of tau, SR
+    and every other measured number, with ``num_seeds``; ``variant`` names the method (its first seed's
+    id, the drafter's id with one seed). A frame without a ``method`` column is returned as it is."""
+    if "method" not in metrics.columns:
+        return metrics
+    keys = [c for c in EVALUATION_KEYS if c in metrics.columns]
+    measured = [c for c in metrics.columns if c not in (*keys, "variant", "training_seed")]
+    numeric = [c for c in measured if pd.api.types.is_numeric_dtype(metrics[c]) and not pd.api.types.is_bool_dtype(metrics[c])]
+    aggregations = {c: ("sum" if c in SUMMED_OVER_SEEDS else "mean") if c in numeric else "first" for c in measured}
+    grouped = metrics.groupby(keys, sort=False, dropna=False)
+    out = grouped.agg(aggregations) if aggregations else pd.DataFrame(index=grouped.size().index)
+    out["num_seeds"] = grouped.size()
+    out = out.reset_index()
+    out.insert(out.columns.get_loc("method"), "variant", out["method"])
+    return out[[c for c in metrics.columns if c != "training_seed"] + ["num_seeds"]]

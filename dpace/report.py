@@ -10,12 +10,14 @@ import pandas as pd
 
 from dpace.intervals import experiment_comparisons
 from dpace.io import atomic_write_text
+from dpace.metrics_frame import mean_over_seeds
 from dpace.training_records import read_steps, read_summary
 
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "experiment", "objective", "depth", "block_size", "alpha", "k", "gamma",
     "normalization", "epoch", "suite", "benchmark", "temperature", "verification", "tau", "speedup",
     "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches", "greedy_ties", "greedy_failures",
+    "method", "training_seed",
 ]
 
 
@@ -41,6 +43,9 @@ def experiment_metrics(
             "target": target,
             "target_label": info.get("target_label", target),
             "variant": variant_id,
+            # train.seeds: the variants of one method are its training seeds (their mean is what tables show).
+            "method": info.get("method", variant_id),
+            "training_seed": info.get("training_seed", math.nan),
             "experiment": info["experiment"],
             "objective": info["objective"],
             "depth": info["depth"],
@@ -138,7 +143,7 @@ def render_artifact(
     """Render one table (LaTeX) or figure (PDF + PNG) of the paper from the tidy CSVs."""
     from dpace import figures, tables
 
-    metrics_frame = read_metrics(metrics) if metrics else None
+    metrics_frame = mean_over_seeds(read_metrics(metrics)) if metrics else None
     comparisons_frame = read_metrics(comparisons) if comparisons else None
     if name == "table_main":
         text = tables.table_main(metrics_frame, comparisons=comparisons_frame)

@@ -360,10 +360,14 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: 
         r"``Top-$k$ prefix mask'' is the hard-mask baseline adapted from GRIFFIN; ``Accept-rate'' "
         r"directly optimizes the accepted-length surrogate $\tilde S$."
     )
+    seeds = int(df["num_seeds"].max()) if "num_seeds" in df.columns else 1
+    if seeds > 1:
+        caption += f" Each value is the mean over {seeds} training seeds of the drafter."
     if comparisons is not None:
+        over = "training seeds and prompts" if seeds > 1 else "prompts"
         caption += (
             f" {SIGNIFICANT}: the average differs from DFlash's at the same depth and temperature (95\\% paired "
-            "bootstrap interval over prompts excludes 0)."
+            f"bootstrap interval over {over} excludes 0)."
         )
     return _table(body, spec=spec, caption=caption, label="tab:main", size=r"\footnotesize",
                   tabcolsep="3.2pt", resize=True)

@@ -141,6 +141,24 @@ def test_a_training_seed_names_new_drafters_only_where_it_differs_from_the_run_s
     assert {v.seed(SMOKE["seed"]) for v in all_variants(SMOKE).values()} == {SMOKE["seed"]}
 
 
+def test_training_seeds_add_drafters_named_by_their_seed_and_keep_the_first_seeds_names():
+    one = experiments(SMOKE)
+    three = experiments(_set(SMOKE, "train.seeds", 3))
+    for name, experiment in three.items():
+        firsts = [v.id for v in one[name].variants]
+        assert [v.id for v in experiment.variants] == [f"{i}{s}" for i in firsts for s in ("", "-s1", "-s2")]
+        assert [v.method_id for v in experiment.variants] == [i for i in firsts for _ in range(3)]
+        assert [v.seed(SMOKE["seed"]) for v in experiment.variants] == [0, 1, 2] * len(firsts)
+    assert experiments(_set(SMOKE, "train.seeds", 1))["main"].variants == one["main"].variants
+    # After train.seed: 5, seeds 5 and 6; a later seed that is the run's own is named as the run's drafters are.
+    reseeded = experiments(_set(_set(SMOKE, "train.seed", 5), "train.seeds", 2))["main"].variants
+    assert [v.id.rsplit("-", 1)[1] for v in reseeded[:2]] == ["s5", "s6"] and reseeded[1].method_id == reseeded[0].id
+    wrapped = experiments(_set(_set(_set(SMOKE, "seed", 1), "train.seed", 0), "train.seeds", 2))["main"].variants
+    assert wrapped[0].id.endswith("-s0") and wrapped[1].id == wrapped[0].id.removesuffix("-s0")
+    with pytest.raises(ConfigError, match=r"train\.seeds: 0 is less than the minimum of 1"):
+        validate_config(_set(SMOKE, "train.seeds", 0))
+
+
 def test_a_training_mixture_needs_a_count_per_set():
     mixed = _set(_set(SMOKE, "data.train_set", ["sharegpt", "codealpaca"]), "data.train_prompts", {"sharegpt": 4, "codealpaca": 2})
     validate_config(mixed)

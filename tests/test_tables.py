@@ -101,6 +101,25 @@ def test_table_main(metrics):
     assert rows[6][2:4] == ["0.77", "1.04"]
 
 
+def test_table_main_shows_the_mean_over_training_seeds(metrics, tmp_path):
+    """train.seeds: 3 seeds per drafter, tau and SR spread by -0.3/+0.1/+0.2 around the fixture; the
+    metrics CSV keeps every seed, Table 1 (through render_artifact) shows their means."""
+    seeds = []
+    for index, shift in enumerate((-0.3, 0.1, 0.2)):
+        seed = metrics.assign(method=metrics["variant"], training_seed=index, tau=metrics["tau"] + shift,
+                              speedup=metrics["speedup"] + shift)
+        seeds.append(seed.assign(variant=seed["variant"] + (f"-s{index}" if index else "")))
+    path = tmp_path / "main.csv"
+    pd.concat(seeds).to_csv(path, index=False)
+    from dpace.report import render_artifact
+
+    render_artifact("table_main", metrics=[path], out=tmp_path / "table_main.tex")
+    latex = (tmp_path / "table_main.tex").read_text()
+    single = tables.table_main(metrics)
+    assert parse(latex)[2] == parse(single)[2]  # every number, and which are bold
+    assert "mean over 3 training seeds" in latex and "training seeds" not in single
+
+
 def test_table_main_marks_only_significant_average_differences(metrics):
     comparisons = pd.DataFrame([
         # significant: T=0, 1L D-PACE tau and Accept-rate SR; not significant: T=1 D-PACE tau

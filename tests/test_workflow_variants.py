@@ -34,6 +34,16 @@ def test_rerunning_one_ablation_target_builds_only_ablation_drafters(tmp_path, m
     assert jobs["evaluate"] == 4 + 4  # final full suite + MATH-500 after epoch 1 for each
 
 
+def test_training_seeds_plan_every_drafter_at_each_seed_on_the_same_answers(tmp_path, mirror):
+    result = snakemake(tmp_path, write_config(tmp_path, **{"train.seeds": 2}), "-n", "results/table_main.tex")
+    jobs = planned_jobs(result)
+    assert jobs["train_drafter"] == 8 and jobs["evaluate"] == 8  # Table 1's four objectives, two seeds each
+    assert jobs["features"] == 1 and jobs["generate_responses"] == 1  # one set of answers for both seeds
+    drafters = set(re.findall(r"results/drafters/tiny/([\w.-]+)/summary\.json", result.stdout))
+    firsts = {d for d in drafters if not d.endswith("-s1")}
+    assert len(firsts) == 4 and drafters == firsts | {f"{d}-s1" for d in firsts}
+
+
 def evaluation_inputs(result: subprocess.CompletedProcess) -> dict[str, list[str]]:
     """Each planned evaluate job's output summary -> its input files, from a dry run's job listing."""
     assert result.returncode == 0, result.stdout + result.stderr

@@ -133,6 +133,9 @@ def experiment_metadata(experiment):
             "target": v.target,
             "target_label": target.get("label", v.target),
             "variant": v.id,
+            # train.seeds: the method this drafter is one training seed of, and that seed.
+            "method": v.method_id,
+            "training_seed": v.seed(config["seed"]),
             "experiment": experiment,
             "objective": v.objective,
             "depth": v.depth,
