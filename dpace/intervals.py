@@ -38,10 +38,18 @@ def _prompt_sums(requests: Sequence[dict], prompt_ids: Sequence[str]) -> np.ndar
     index = {prompt_id: i for i, prompt_id in enumerate(prompt_ids)}
     sums = np.zeros((len(prompt_ids), 4))
     for request in requests:
+        if str(request["id"]) not in index:
+            continue
         has_tau = request["tau"] is not None
         sums[index[str(request["id"])]] += (
-            float(has_tau), request["tau"] if has_tau else 0.0, request["ar_tpot_s"], request["spec_tpot_s"])
+            float(has_tau), request["tau"] if has_tau else 0.0, request["ar_tpot_s"] or 0.0, request["spec_tpot_s"] or 0.0)
     return sums
+
+
+def _timed_prompts(requests: Sequence[dict]) -> set[str]:
+    """Prompts whose every request was timed (replayed tau times only a subset: SR comes from it)."""
+    prompts = {str(r["id"]) for r in requests}
+    return prompts - {str(r["id"]) for r in requests if r.get("spec_tpot_s") is None or r.get("ar_tpot_s") is None}
 
 
 def _statistics(sums: np.ndarray) -> dict[str, np.ndarray]:
@@ -84,13 +92,23 @@ def paired_bootstrap(
         # resamples by sqrt(n/(n-1)) around its point estimate (the unbiased variance). One prompt
         # carries no spread at all: its benchmark, and the average over benchmarks, get no interval.
         widen = math.sqrt(len(prompt_ids) / (len(prompt_ids) - 1)) if len(prompt_ids) > 1 else math.nan
+        timed = sorted(_timed_prompts(requests[benchmark]) & _timed_prompts(reference_requests[benchmark]))
+        widen_of = {"tau": widen, "speedup": widen}
+        if timed != prompt_ids:
+            # Replayed tau: SR from the prompts decoded for real, resampled among themselves (paired too).
+            timed_ours, timed_theirs = _prompt_sums(requests[benchmark], timed), _prompt_sums(reference_requests[benchmark], timed)
+            timed_draws = generator.integers(0, max(len(timed), 1), size=(resamples, len(timed)))
+            for values, boot, sums in ((ours_point, ours_boot, timed_ours), (theirs_point, theirs_boot, timed_theirs)):
+                values["speedup"], boot["speedup"] = _statistics(sums)["speedup"], _statistics(sums[timed_draws])["speedup"]
+            widen_of["speedup"] = math.sqrt(len(timed) / (len(timed) - 1)) if len(timed) > 1 else math.nan
         for metric in METRICS:
+            widen = widen_of[metric]
             point_difference = ours_point[metric] - theirs_point[metric]
             differences = point_difference + widen * (ours_boot[metric] - theirs_boot[metric] - point_difference)
             resampled_differences[metric].append(differences)
             point_values[metric].append((ours_point[metric], theirs_point[metric]))
             rows.append(_row(benchmark, metric, ours_point[metric], theirs_point[metric], differences, tail,
-                             len(prompt_ids), resamples))
+                             len(prompt_ids) if metric == "tau" else len(timed), resamples))
     for metric in METRICS:
         ours_avg, theirs_avg = np.mean(point_values[metric], axis=0)
         differences = np.mean(resampled_differences[metric], axis=0)
