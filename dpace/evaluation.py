@@ -46,7 +46,7 @@ from dpace.decoding import (
     speculative_generate,
     surrogate,
 )
-from dpace.drafter import check_drafter_matches_target, load_drafter
+from dpace.drafter import check_drafter_matches_target, default_target_layer_ids, load_drafter
 from dpace.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
     BLOCK_COLUMNS,
     GREEDY_TIE_MARGIN,
@@ -231,6 +231,7 @@ def measure_baseline(
     features_path=None,
     feature_layer_ids: list[int] | None = None,
     feature_window: int = 0,
+    num_target_features: int = 3,
 ) -> list[dict]:
     """Time the target decoding alone on every request of the evaluation plan; write ``out_path``.
 
@@ -286,6 +287,8 @@ def measure_baseline(
     if features_path is not None:
         if target is None:
             target, _ = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
+        if feature_layer_ids is None:  # the drafters' default (SpecForge's build_target_layer_ids)
+            feature_layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
         features = {}
         for record in tqdm(selected, desc="features", unit="prompt"):
             for turn in record["turns"]:
@@ -361,6 +364,8 @@ def _replay_prompt(row, prompt_index, benchmark, temperature, verification, *, t
                    compare_steps) -> dict:
     """One prompt's record with replayed steps; decoded for real too when ``decode`` (timed, and checked)."""
     turns, replays = [], []
+    if reference["turns"][0]["prompt_ids"] != chat_prompt_ids(tokenizer, [{"role": "user", "content": row["turns"][0]}]):
+        raise ValueError(f"the reference answers were made for another prompt of {benchmark} {row['id']}")
     for ref_turn in reference["turns"]:
         prompt_ids = ref_turn["prompt_ids"]
         stored = features.get(feature_key(reference, ref_turn["turn"]))
