@@ -435,6 +435,7 @@ def evaluate_drafter(
     reference_path: str | Path | None = None,
     features_path: str | Path | None = None,
     decoded_prompts: int | None = None,
+    sampled_decoded_prompts: int | None = None,
     compare_steps=compare_replay,
 ) -> list[dict]:
     """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
@@ -443,7 +444,8 @@ def evaluate_drafter(
     every request's steps are replayed over the target's answer (``dpace.replay``) from
     ``reference_path`` (a ``measure_baseline`` file made with an overrun; ``features_path`` its
     features, recomputed here when absent or made for other layers), and only the first
-    ``decoded_prompts`` prompts of each benchmark and temperature are decoded for real: their times
+    ``decoded_prompts`` prompts of each benchmark and temperature (``sampled_decoded_prompts`` at T > 0,
+    None: the same) are decoded for real: their times
     give SR, and their step lengths are compared with the replayed ones (``compare_steps``,
     ``dpace.replay.compare_replay``). A difference that is not a near-tie fails the evaluation
     (``ReplayMismatch``, naming the request and answer position) after the records are written.
@@ -486,7 +488,13 @@ def evaluate_drafter(
         missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in references]
         if missing:
             raise ValueError(f"{reference_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
-        made.update(references=references_id, decoded_prompts=decoded_prompts)
+        made.update(references=references_id, decoded_prompts=decoded_prompts,
+                    sampled_decoded_prompts=sampled_decoded_prompts)
+
+    def decoded_count(temperature) -> int:
+        count = decoded_prompts if temperature == 0 or sampled_decoded_prompts is None else sampled_decoded_prompts
+        return count or 0
+
     records = current_records(records_path, **made)
     todo = _pending(plan, records, verification)
 
@@ -496,7 +504,7 @@ def evaluate_drafter(
         check_drafter_matches_target(drafter.config, target.config)
         stops = stop_token_ids(tokenizer)
         first_row = next(row for pending in todo.values() for _, row in pending)
-        decodes = tau == "decode" or any(index < (decoded_prompts or 0) for p in todo.values() for index, _ in p)
+        decodes = tau == "decode" or any(index < decoded_count(t) for (_, t), p in todo.items() for index, _ in p)
         if decodes:
             _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device,
                      autoregressive=baseline is None)
@@ -509,7 +517,7 @@ def evaluate_drafter(
                             row, index, name, temperature, verification, target=target, drafter=drafter,
                             tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
                             device=device, decode_clock=decode_clock, reference=references[(name, temperature, str(row["id"]))],
-                            features=features, decode=index < (decoded_prompts or 0), tie_margin=tie_margin,
+                            features=features, decode=index < decoded_count(temperature), tie_margin=tie_margin,
                             baseline=None if baseline is None else baseline[(name, temperature, str(row["id"]))],
                             compare_steps=compare_steps)
                         record.update(made)

@@ -43,7 +43,8 @@ from dpace.decoding import (
     _output_head,
     autoregressive_generate,
 )
-from dpace.drafter import draft_output_head
+from dpace.draft_vocab import DraftVocabHead
+from dpace.drafter import draft_output_head, draft_vocab_of
 
 # Anchors scored per drafter pass: bounds the [anchors, B, vocabulary] logits (49152 x 7 x 32 fp32: 44 MB).
 ANCHORS_PER_PASS = 32
@@ -101,10 +102,25 @@ def needed_context_start(drafter, num_input: int) -> int:
     return 0 if window is None else max(0, num_input - int(window) + 1)
 
 
+def _replay_head(drafter, target, draft_vocab_only: bool):
+    """(head, its vocabulary's token ids or None for the whole vocabulary).
+
+    Decoding's head gives -inf outside a draft vocabulary; replay may score the draft vocabulary
+    alone (the same argmax and softmax, ~12x fewer logits with SmolLM2's 4096 of 49152), unless a
+    logit softcap would turn those -inf into finite logits.
+    """
+    vocab = draft_vocab_of(drafter.config)
+    if draft_vocab_only and vocab is not None and not _draft_value(drafter.config, "final_logit_softcapping"):
+        head = DraftVocabHead(_output_head(target), vocab)
+        return head, head.draft_ids
+    return draft_output_head(drafter.config, _output_head(target)), None
+
+
 def block_logits(drafter, target, features: torch.Tensor, feature_start: int, sequence: torch.Tensor,
-                 anchors: torch.Tensor, num_input: int, max_new_tokens: int):
+                 anchors: torch.Tensor, num_input: int, max_new_tokens: int, *, head=None):
     """Draft logits [anchors, B - 1, vocabulary] of blocks anchored at ``anchors`` (absolute positions),
     the sequence's tokens there ([anchors, B - 1], -1 beyond ``sequence``) and decoding's block size per anchor.
+    ``head``: the output head (default: decoding's, over the target's whole vocabulary).
 
     One drafter pass with block attention, as decoding's drafter sees each block: the context
     features before its anchor (within the sliding window, if any) and its own block, causally for
@@ -114,7 +130,7 @@ def block_logits(drafter, target, features: torch.Tensor, feature_start: int, se
     block_size, mask_id = int(drafter.block_size), int(drafter.mask_token_id)
     causal, window = _attention_shape(drafter)
     device, count = features.device, anchors.numel()
-    head = draft_output_head(drafter.config, _output_head(target))
+    head = head if head is not None else _replay_head(drafter, target, False)[0]
     embed_weight = target.get_input_embeddings().weight
     embed_scale = float(_draft_value(drafter.config, "input_embedding_scale", 1.0))
     offsets = torch.arange(block_size, device=device)
@@ -165,16 +181,22 @@ def draft_blocks(drafter, target, features: torch.Tensor, feature_start: int, se
     """
     device = features.device
     sequence = torch.tensor(sequence_ids, dtype=torch.long, device=device)
+    head, vocab_ids = _replay_head(drafter, target, True)
     results = {"targets": [], "matches": [], "q": [], "margins": [], "verify": []}
     for first in range(0, num_anchors, anchors_per_pass):
         anchors = num_input + torch.arange(first, min(first + anchors_per_pass, num_anchors), device=device)
         logits, targets, verify = block_logits(drafter, target, features, feature_start, sequence, anchors,
-                                               num_input, max_new_tokens)
+                                               num_input, max_new_tokens, head=head)
         top2 = torch.topk(logits, 2, dim=-1)
         in_block = torch.arange(1, logits.shape[1] + 1, device=device)[None] < verify[:, None]
-        q = torch.softmax(logits, dim=-1).gather(-1, targets.clamp(min=0)[..., None])[..., 0]
+        drafts, column, in_vocab = top2.indices[..., 0], targets.clamp(min=0), targets >= 0
+        if vocab_ids is not None:  # logits over the draft vocabulary: back to token ids
+            drafts, (column, in_vocab) = vocab_ids[drafts], head.draft_index(column)
+            in_vocab &= targets >= 0
+        q = torch.softmax(logits, dim=-1).gather(-1, column[..., None])[..., 0]
+        q = torch.where(in_vocab, q, 0.0)  # decoding's head gives tokens outside the draft vocabulary -inf
         results["targets"].append(targets)
-        results["matches"].append((top2.indices[..., 0] == targets) & in_block)
+        results["matches"].append((drafts == targets) & in_block)
         results["q"].append(torch.where(targets >= 0, q, torch.nan))
         results["margins"].append(top2.values[..., 0] - top2.values[..., 1])
         results["verify"].append(verify)

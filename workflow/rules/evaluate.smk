@@ -66,6 +66,7 @@ rule evaluate:
         greedy_tie_margin=config["eval"]["greedy_tie_margin"],
         tau=lambda wildcards: "replay" if replay_covered(wildcards) else "decode",
         decoded_prompts=config["eval"]["decoded_prompts_per_benchmark"],
+        sampled_decoded_prompts=config["eval"]["sampled_decoded_prompts_per_benchmark"],
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=script_fingerprint("evaluate.py"),
     threads: JOB_THREADS

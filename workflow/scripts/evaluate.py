@@ -36,6 +36,7 @@ elif params.backend == "local":
                          dtype=params.dtype, decode_clock=params.decode_clock, tau_counts=params.tau_counts,
                          tie_margin=params.greedy_tie_margin, baseline_path=snakemake.input.get("baseline"),
                          tau=params.tau, reference_path=snakemake.input.get("reference"),
-                         features_path=snakemake.input.get("features"), decoded_prompts=params.decoded_prompts, **common)
+                         features_path=snakemake.input.get("features"), decoded_prompts=params.decoded_prompts,
+                         sampled_decoded_prompts=params.sampled_decoded_prompts, **common)
 else:
     raise ValueError(f"eval.backend={params.backend!r}; valid: local, sglang")
