@@ -22,6 +22,13 @@ same baseline times: their SR differences then come from their own decoding only
 baseline's run-to-run jitter, and each evaluation skips about a third of its work. Without a
 baseline file each evaluation times the target itself, prompt by prompt, in the same process.
 
+With ``tau="replay"`` (``eval.tau``, the default) tau comes from every prompt without decoding it:
+the target's answers and features (``measure_baseline``, once per target) are replayed by each drafter
+(``dpace.replay``), and only the first ``decoded_prompts`` prompts of each benchmark are decoded for
+real: SR comes from them, and their steps are compared with the replayed ones, a difference beyond a
+near-tie failing the job (``ReplayMismatch``). At T > 0 hard-match samples the target keyed by
+request and position, so the decoded and the replayed answer are the same sample.
+
 The job is resumable: one record per finished prompt is appended to ``records_path`` and prompts
 already recorded are skipped on a rerun; the summary (JSON) and per-block table (CSV) are written
 atomically from all records at the end.
@@ -68,7 +75,14 @@ from dpace.io import (
     input_checksum,
     read_partial_jsonl,
 )
-from dpace.replay import compare_replay, needed_context_start, reference_turn, replay_turn, target_features
+from dpace.replay import (
+    batched_answers,
+    compare_replay,
+    needed_context_start,
+    reference_turn,
+    replay_turn,
+    target_features,
+)
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids, target_checksum
 
 
@@ -130,6 +144,8 @@ def _evaluate_prompt(
         else:
             base_turn = baseline["turns"][turn_index]
             ar_timing = base_turn["ar"]
+            if ar_timing is None:
+                raise ValueError(f"the shared baseline did not time {benchmark} {row['id']} (its timed_prompts)")
             # A later turn's prompt holds the speculative answer to the one before; it is the baseline's
             # own answer unless the two parted (a near-tie in bf16), and only then the tokens differ.
             if base_turn["prompt_fingerprint"] == _prompt_fingerprint(prompt_ids):
@@ -232,6 +248,8 @@ def measure_baseline(
     feature_layer_ids: list[int] | None = None,
     feature_window: int = 0,
     num_target_features: int = 3,
+    timed_prompts: int | None = None,
+    batch_size: int = 1,
 ) -> list[dict]:
     """Time the target decoding alone on every request of the evaluation plan; write ``out_path``.
 
@@ -247,13 +265,18 @@ def measure_baseline(
     turn's prompt + answer, once for every drafter's replay: a dict by ``feature_key`` of (first
     position, [positions, features] tensor in ``dtype``); with ``feature_window`` W > 0 only from W
     positions before the answer (what a sliding-window drafter can see), else from position 0.
+
+    ``timed_prompts``: only the first N prompts of each benchmark and temperature are decoded batch-1
+    and timed (the ones an evaluation decodes for real, whose answers its exactness check compares
+    with); the others' answers come from ``dpace.replay.batched_answers`` in batches of
+    ``batch_size``, with ``"ar": None`` (None: every prompt timed).
     """
     dtype_name = str(dtype).removeprefix("torch.")
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
     plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
     made = {"max_new_tokens": max_new_tokens, "seed": seed, "dtype": dtype_name, "target": target_checksum(target_json),
-            "sampling": "keyed", "overrun": overrun}
+            "sampling": "keyed", "overrun": overrun, "timed_prompts": timed_prompts}
     records = current_records(records_path, **made)
     todo = _pending(plan, records, BASELINE)
     target = tokenizer = None
@@ -264,6 +287,18 @@ def measure_baseline(
         _warm_up(target, None, tokenizer, stops, first_row["turns"][0], temperatures, BASELINE, device)
         with JsonlAppender(records_path) as appender:
             for (name, temperature), pending in todo.items():
+                untimed = [(i, row) for i, row in pending if timed_prompts is not None and i >= timed_prompts]
+                for start in range(0, len(untimed), batch_size):
+                    chunk = untimed[start : start + batch_size]
+                    for record in _batched_answer_records(chunk, name, temperature, target=target, tokenizer=tokenizer,
+                                                          stops=stops, seed=seed, max_new_tokens=max_new_tokens,
+                                                          overrun=overrun):
+                        record.update(made)
+                        appender.write(record)
+                        records.append(record)
+                    print(f"{name} T={temperature:g}: {start + len(chunk)} of {len(untimed)} untimed prompts answered",
+                          flush=True)
+                pending = [(i, row) for i, row in pending if timed_prompts is None or i < timed_prompts]
                 for index, row in _progress(plan, name, temperature, pending):
                     messages, turns = [], []
                     for turn_index, text in enumerate(row["turns"]):
@@ -300,6 +335,30 @@ def measure_baseline(
                                           "features": features})
     atomic_write_jsonl(out_path, selected)
     return selected
+
+
+def _batched_answer_records(chunk, benchmark, temperature, *, target, tokenizer, stops, seed, max_new_tokens,
+                            overrun) -> list[dict]:
+    """``measure_baseline`` records of ``chunk``'s prompts, answered in batches turn by turn (untimed)."""
+    messages = {index: [] for index, _ in chunk}
+    turns = {index: [] for index, _ in chunk}
+    for turn_index in range(max(len(row["turns"]) for _, row in chunk)):
+        rows = [(index, row) for index, row in chunk if turn_index < len(row["turns"])]
+        prompts = []
+        for index, row in rows:
+            messages[index].append({"role": "user", "content": row["turns"][turn_index]})
+            prompts.append(chat_prompt_ids(tokenizer, messages[index]))
+        keys = [_sampling_key(temperature, BASELINE, _seed_for(seed, benchmark, str(row["id"]), turn_index, temperature))
+                for _, row in rows]
+        answers = batched_answers(target, prompts, temperature=temperature, sampling_keys=keys, stop_token_ids=stops,
+                                  max_new_tokens=max_new_tokens, overrun=overrun)
+        for (index, _), prompt_ids, (answer, continuation) in zip(rows, prompts, answers, strict=True):
+            turns[index].append({"turn": turn_index, "prompt_fingerprint": _prompt_fingerprint(prompt_ids), "ar": None,
+                                 "new_token_ids": answer, "prompt_ids": [int(t) for t in prompt_ids],
+                                 "continuation_ids": continuation})
+            messages[index].append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
+    return [{"benchmark": benchmark, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
+             "verification": BASELINE, "turns": turns[index]} for index, row in chunk]
 
 
 def feature_key(record: dict, turn: int) -> str:

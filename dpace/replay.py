@@ -42,6 +42,8 @@ from dpace.decoding import (
     _draft_value,
     _output_head,
     autoregressive_generate,
+    keyed_gumbel,
+    new_kv_cache,
 )
 from dpace.draft_vocab import DraftVocabHead
 from dpace.drafter import draft_output_head, draft_vocab_of
@@ -273,3 +275,51 @@ def compare_replay(replayed: dict, decoded: dict, *, tie_margin: float, target_d
         cause = "drafter"
     verdict = "tie" if margin is not None and margin < tie_margin else "failure"
     return {"verdict": verdict, "step": step, "position": position, "margin": margin, "cause": cause}
+
+
+@torch.inference_mode()
+def batched_answers(target, prompts: list[list[int]], *, temperature: float, sampling_keys: list[int | None],
+                    stop_token_ids, max_new_tokens: int, overrun: int) -> list[tuple[list[int], list[int]]]:
+    """``reference_turn``'s answers and continuations for several prompts in one left-padded batch, untimed.
+
+    The same picks as batch-1 autoregressive decoding (argmax, or keyed samples at T > 0 at each
+    row's own absolute positions); batched and one-token forwards round differently, so an answer
+    can part from the batch-1 one where the target's top two logits nearly tie. Every row runs
+    until it has its answer and continuation (or ``max_new_tokens``).
+    """
+    device, stops = target.device, {int(t) for t in (stop_token_ids or ())}
+    lengths = torch.tensor([len(p) for p in prompts], device=device)
+    width = int(lengths.max())
+    ids = torch.zeros((len(prompts), width), dtype=torch.long, device=device)
+    mask = torch.zeros_like(ids)
+    for row, prompt in enumerate(prompts):  # left padding: every row's next token is the last column
+        ids[row, width - len(prompt):] = torch.tensor(prompt, device=device)
+        mask[row, width - len(prompt):] = 1
+    cache = new_kv_cache(target.config)
+    output = target(ids, attention_mask=mask, position_ids=(mask.cumsum(-1) - 1).clamp(min=0),
+                    past_key_values=cache, use_cache=True, logits_to_keep=1)
+    tokens: list[list[int]] = [[] for _ in prompts]
+    wanted = [max_new_tokens] * len(prompts)  # tokens each row still needs: all, until its stop
+    for step in range(max_new_tokens):
+        logits = output.logits[:, -1].float()
+        if temperature > 0:
+            noise = torch.stack([keyed_gumbel(key, (lengths[row] + step).view(1).cpu(), logits.shape[-1])[0]
+                                 for row, key in enumerate(sampling_keys)]).to(device)
+            picks = torch.argmax(logits / temperature + noise, dim=-1)
+        else:
+            picks = torch.argmax(logits, dim=-1)
+        for row, token in enumerate(picks.tolist()):
+            if len(tokens[row]) < wanted[row]:
+                tokens[row].append(token)
+                if token in stops and wanted[row] == max_new_tokens:
+                    wanted[row] = min(max_new_tokens, len(tokens[row]) + overrun)
+        if all(len(t) >= w for t, w in zip(tokens, wanted, strict=True)):
+            break
+        mask = torch.cat([mask, mask.new_ones((len(prompts), 1))], dim=1)
+        output = target(picks[:, None], attention_mask=mask, position_ids=(lengths + step)[:, None],
+                        past_key_values=cache, use_cache=True)
+    results = []
+    for row_tokens in tokens:
+        end = next((i + 1 for i, token in enumerate(row_tokens) if token in stops), len(row_tokens))
+        results.append((row_tokens[:end], row_tokens[end:]))
+    return results

@@ -154,8 +154,20 @@ def evaluation_setup(trained):
     common = dict(temperatures=[0.0, 1.0], max_new_tokens=MAX_NEW, seed=3)
     measure_baseline(target_json, files, records_path=root / "base.records.jsonl", out_path=root / "base.jsonl",
                      overrun=BLOCK - 1, features_path=root / "features.pt", feature_layer_ids=[1, 2],
-                     feature_window=3, **common)
+                     feature_window=3, timed_prompts=2, batch_size=2, **common)
     return root, target_json, drafter_dir, files, common
+
+
+def test_batched_answers_equal_batch_one_answers(evaluation_setup):
+    """Prompts past timed_prompts are answered in batches (untimed): the same tokens as batch-1 decoding."""
+    root, target_json, _, files, common = evaluation_setup
+    batched = [json.loads(line) for line in (root / "base.jsonl").read_text().splitlines()]
+    assert [r["turns"][0]["ar"] is None for r in batched if r["benchmark"] == "gsm8k"] == [False, False, True] * 2
+    one = measure_baseline(target_json, files, records_path=root / "one.records.jsonl", out_path=root / "one.jsonl",
+                           overrun=BLOCK - 1, **common)
+    def answers(records):
+        return [[(t["new_token_ids"], t["continuation_ids"]) for t in r["turns"]] for r in records]
+    assert answers(batched) == answers(one)
 
 
 def evaluate(setup, out, **kwargs):

@@ -177,6 +177,10 @@ def shared_baseline(wildcards):
 # Replayed tau (eval.tau: replay) reads the target's answers and features that the autoregressive
 # baseline job computes once per target; a suite it does not cover (MATH-500 not benchmarked) decodes.
 REPLAY_OVERRUN = max(v.block_size for v in VARIANTS.values()) - 1
+BASELINE_TIMED_PROMPTS = (
+    max(config["eval"]["decoded_prompts_per_benchmark"], config["eval"]["sampled_decoded_prompts_per_benchmark"] or 0)
+    if config["eval"]["tau"] == "replay" else None
+)
 
 
 def replay_covered(wildcards):

@@ -21,6 +21,9 @@ rule autoregressive_baseline:
         seed=config["seed"],
         dtype=config["eval"]["dtype"],
         overrun=REPLAY_OVERRUN,
+        # replayed tau: batch-1 (timed) answers for the prompts evaluations decode, batched ones for the rest
+        timed_prompts=BASELINE_TIMED_PROMPTS,
+        batch_size=config["responses"]["batch_size"],
         num_target_features=config["features"]["num_target_features"],
         target_layer_ids=config["features"]["target_layer_ids"],
         feature_window=config["train"]["sliding_window"],

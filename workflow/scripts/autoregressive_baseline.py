@@ -29,4 +29,6 @@ with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() 
         feature_layer_ids=params.target_layer_ids,
         num_target_features=params.num_target_features,
         feature_window=params.feature_window,
+        timed_prompts=params.timed_prompts,
+        batch_size=params.batch_size,
     )
