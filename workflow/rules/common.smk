@@ -179,7 +179,7 @@ def shared_baseline(wildcards):
 REPLAY_OVERRUN = max(v.block_size for v in VARIANTS.values()) - 1
 BASELINE_TIMED_PROMPTS = (
     max(config["eval"]["decoded_prompts_per_benchmark"], config["eval"]["sampled_decoded_prompts_per_benchmark"] or 0)
-    if config["eval"]["tau"] == "replay" else None
+    if config["eval"]["tau"] == "replay" and config["eval"]["verification"] == "hard-match" else None
 )
 
 
