@@ -215,3 +215,21 @@ def test_exactness_check_catches_a_broken_replay(evaluation_setup, tmp_path, mon
     with pytest.raises(ReplayMismatch, match=r"gsm8k T=\d g\d turn 0, step \d+ at answer position \d+"):
         evaluate(evaluation_setup, tmp_path)
     assert not (tmp_path / "summary.json").exists()
+
+
+def test_speedup_interval_resamples_the_decoded_prompts_only():
+    """Replayed tau: every prompt has a tau, only the decoded ones a time; SR and its interval come from those."""
+    from dpace.intervals import paired_bootstrap
+
+    def requests(taus, times):
+        return [{"id": f"p{i}", "tau": tau, "ar_tpot_s": None if i >= len(times) else 1.0,
+                 "spec_tpot_s": None if i >= len(times) else times[i]} for i, tau in enumerate(taus)]
+
+    ours = {"b": requests([1.5, 1.6, 1.4, 1.7], [0.5, 0.6, 0.7])}
+    theirs = {"b": requests([1.4, 1.5, 1.4, 1.5], [0.6, 0.6, 0.8])}
+    rows = {(r["benchmark"], r["metric"]): r for r in paired_bootstrap(ours, theirs, resamples=200)}
+    tau, speedup = rows[("b", "tau")], rows[("b", "speedup")]
+    assert tau["num_prompts"] == 4 and speedup["num_prompts"] == 3
+    assert tau["value"] == pytest.approx(1.55)
+    assert speedup["value"] == pytest.approx(3 / 1.8) and speedup["reference_value"] == pytest.approx(3 / 2.0)
+    assert speedup["ci_low"] <= speedup["difference"] <= speedup["ci_high"]
