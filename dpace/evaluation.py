@@ -250,6 +250,7 @@ def measure_baseline(
     num_target_features: int = 3,
     timed_prompts: int | None = None,
     batch_size: int = 1,
+    share_features: bool = True,
 ) -> list[dict]:
     """Time the target decoding alone on every request of the evaluation plan; write ``out_path``.
 
@@ -269,7 +270,9 @@ def measure_baseline(
     ``timed_prompts``: only the first N prompts of each benchmark and temperature are decoded batch-1
     and timed (the ones an evaluation decodes for real, whose answers its exactness check compares
     with); the others' answers come from ``dpace.replay.batched_answers`` in batches of
-    ``batch_size``, with ``"ar": None`` (None: every prompt timed).
+    ``batch_size``, with ``"ar": None`` (None: every prompt timed). ``share_features=False`` writes
+    ``features_path`` empty: each evaluation then computes the features itself (one target forward per
+    request), for long answers of wide targets whose features would not fit on disk.
     """
     dtype_name = str(dtype).removeprefix("torch.")
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
@@ -319,7 +322,9 @@ def measure_baseline(
                     appender.write(record)
                     records.append(record)
     selected = select_records(records, plan, BASELINE)
-    if features_path is not None:
+    if features_path is not None and not share_features:  # an empty file: evaluations compute their own
+        atomic_save_torch(features_path, {"layer_ids": [], "dtype": dtype_name, "features": {}})
+    elif features_path is not None:
         if target is None:
             target, _ = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
         if feature_layer_ids is None:  # the drafters' default (SpecForge's build_target_layer_ids)

@@ -172,10 +172,10 @@ def test_batched_answers_equal_batch_one_answers(evaluation_setup):
 
 def evaluate(setup, out, **kwargs):
     root, target_json, drafter_dir, files, common = setup
+    kwargs = {"features_path": root / "features.pt", **kwargs}
     return evaluate_drafter(target_json, drafter_dir, files, verification="hard-match", records_path=out / "r.jsonl",
                             summary_path=out / "summary.json", blocks_path=out / "blocks.csv", tau="replay",
-                            reference_path=root / "base.jsonl", features_path=root / "features.pt",
-                            decoded_prompts=2, **common, **kwargs)
+                            reference_path=root / "base.jsonl", decoded_prompts=2, **common, **kwargs)
 
 
 def test_replayed_evaluation_checks_every_decoded_request(evaluation_setup, tmp_path):
@@ -193,6 +193,20 @@ def test_replayed_evaluation_checks_every_decoded_request(evaluation_setup, tmp_
     assert any(b["accepted"] > 0 for r in records for t in r["turns"] for b in t["blocks"])
     assert (tmp_path / "blocks.csv").read_text().count("\n") == 1 + sum(
         len(t["blocks"]) for r in records for t in r["turns"])
+
+
+def test_features_recomputed_without_a_shared_file_give_the_same_records(evaluation_setup, tmp_path, monkeypatch):
+    calls = []
+    original = evaluation.target_features
+    monkeypatch.setattr(evaluation, "target_features", lambda *a, **k: calls.append(1) or original(*a, **k))
+    shared = evaluate(evaluation_setup, tmp_path / "shared")
+    assert not calls  # every request's features came from the baseline job's file
+    empty = tmp_path / "empty.pt"
+    torch.save({"layer_ids": [], "dtype": "float32", "features": {}}, empty)  # share_features=False writes this
+    recomputed = evaluate(evaluation_setup, tmp_path / "recomputed", features_path=empty)
+    assert len(calls) == 2 * 3 + 2 * 2  # gsm8k's 3 prompts and MT-Bench's 2 turns, at T = 0 and 1
+    assert [r["tau"] for r in recomputed] == [r["tau"] for r in shared]
+    assert (tmp_path / "shared" / "blocks.csv").read_text() == (tmp_path / "recomputed" / "blocks.csv").read_text()
 
 
 def shifted_features(replay):

@@ -24,6 +24,7 @@ rule autoregressive_baseline:
         # replayed tau: batch-1 (timed) answers for the prompts evaluations decode, batched ones for the rest
         timed_prompts=BASELINE_TIMED_PROMPTS,
         batch_size=config["responses"]["batch_size"],
+        share_features=config["eval"]["shared_features"],
         num_target_features=config["features"]["num_target_features"],
         target_layer_ids=config["features"]["target_layer_ids"],
         feature_window=config["train"]["sliding_window"],

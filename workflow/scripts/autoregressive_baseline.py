@@ -31,4 +31,5 @@ with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() 
         feature_window=params.feature_window,
         timed_prompts=params.timed_prompts,
         batch_size=params.batch_size,
+        share_features=params.share_features,
     )
