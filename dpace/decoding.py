@@ -165,11 +165,36 @@ def _sample(probs: torch.Tensor, generator) -> torch.Tensor:
     return torch.multinomial(flat, 1, generator=generator).view(probs.shape[:-1])
 
 
-def _pick(logits: torch.Tensor, temperature: float, generator) -> torch.Tensor:
-    """The target's token at each position: argmax at T = 0, a sample from softmax(logits/T) above."""
+def keyed_gumbel(key: int, positions: torch.Tensor, vocab_size: int) -> torch.Tensor:
+    """Gumbel noise [len(positions), vocab] that depends only on (``key``, absolute position).
+
+    ``argmax(logits / T + noise)`` is an exact sample from ``softmax(logits / T)`` (the Gumbel-max
+    trick); with the noise keyed by position, the token sampled at position p is a function of the
+    prefix before p alone, whichever call (autoregressive step, verification block, replay) asks.
+    """
+    rows = []
+    for position in positions.tolist():  # one generator per position: the noise may not depend on the call
+        generator = torch.Generator().manual_seed((int(key) * 1_000_003 + int(position)) & 0x7FFFFFFFFFFFFFFF)
+        rows.append(torch.rand(vocab_size, generator=generator, dtype=torch.float64))
+    uniform = torch.stack(rows).clamp_(min=1e-300)
+    return (-torch.log(-torch.log(uniform))).to(torch.float32)
+
+
+def _pick(logits: torch.Tensor, temperature: float, generator, *, sampling_key: int | None = None,
+          first_position: int = 0) -> torch.Tensor:
+    """The target's token at each position: argmax at T = 0, a sample from softmax(logits/T) above.
+
+    With ``sampling_key`` the sample at T > 0 is keyed (``keyed_gumbel``): ``logits`` is [1, n, V]
+    (or [1, V]) for the tokens of absolute positions ``first_position``, ``first_position + 1``, ...
+    """
     if temperature <= 0:
         return torch.argmax(logits, dim=-1)
-    return _sample(_probs(logits, temperature), generator)
+    if sampling_key is None:
+        return _sample(_probs(logits, temperature), generator)
+    rows = logits.reshape(-1, logits.shape[-1]).float()
+    positions = torch.arange(first_position, first_position + rows.shape[0])
+    noise = keyed_gumbel(sampling_key, positions, rows.shape[-1]).to(rows.device)
+    return torch.argmax(rows / temperature + noise, dim=-1).view(logits.shape[:-1])
 
 
 def _rejection_sample(draft_tokens, target_probs, draft_probs, generator) -> tuple[int, torch.Tensor]:
@@ -263,14 +288,20 @@ def speculative_generate(
     generator: torch.Generator | None = None,
     block_size: int | None = None,
     decode_clock: str = "after-first-draft",
+    sampling_key: int | None = None,
 ) -> DecodeResult:
     """DFlash speculative decoding of one prompt with a ``dflash.model.DFlashDraftModel``.
 
     ``block_size`` defaults to the drafter's; ``block_size=1`` degenerates to target-only decoding.
     ``generator`` (on the target's device) drives every random draw; ``None`` uses torch's global RNG.
     ``decode_clock``: one of ``DECODE_CLOCKS``; the default is DFlash's benchmark.
+    ``sampling_key`` (hard-match at T > 0): the target's picks use Gumbel noise keyed by this and the
+    absolute position (``keyed_gumbel``), so the output equals ``autoregressive_generate`` with the same
+    key token for token, whatever the drafter: it is what ``dpace.replay`` replays.
     """
     _check_args(max_new_tokens, temperature, verification, decode_clock)
+    if sampling_key is not None and verification != "hard-match":
+        raise ValueError("sampling_key needs hard-match verification (rejection samples the drafts)")
     device = target.device
     block_size = int(drafter.block_size if block_size is None else block_size)
     if block_size < 1:
@@ -300,7 +331,7 @@ def speculative_generate(
         output_hidden_states=block_size > 1,
     )
     output_ids[:, :num_input] = input_ids
-    first = _pick(output.logits[:, -1], temperature, generator)
+    first = _pick(output.logits[:, -1], temperature, generator, sampling_key=sampling_key, first_position=num_input)
     output_ids[:, num_input] = first
     if block_size > 1:
         target_hidden = _context_features(output.hidden_states, layer_ids)
@@ -354,7 +385,8 @@ def speculative_generate(
             else:
                 accepted, bonus = 0, _sample(target_probs[:, -1], generator)[0]
         else:
-            chosen = _pick(logits, temperature, generator)
+            # chosen[:, i] is the token of absolute position start + 1 + i
+            chosen = _pick(logits, temperature, generator, sampling_key=sampling_key, first_position=start + 1)
             accepted = _hard_match(block[:, 1:], chosen)
             bonus = chosen[0, accepted]
 
@@ -402,10 +434,12 @@ def autoregressive_generate(
     stop_token_ids,
     temperature: float = 0.0,
     generator: torch.Generator | None = None,
+    sampling_key: int | None = None,
 ) -> DecodeResult:
     """The baseline: one target forward per token, timed exactly like ``speculative_generate``.
 
     Every step emits one token, so ``acceptance_lengths`` is all ones and there are no blocks.
+    ``sampling_key``: keyed sampling at T > 0, as ``speculative_generate`` takes it.
     """
     _check_args(max_new_tokens, temperature, "hard-match")
     device = target.device
@@ -416,7 +450,7 @@ def autoregressive_generate(
 
     prefill_start = device_clock(device)
     output = target(input_ids, past_key_values=cache, use_cache=True, logits_to_keep=1)
-    token = _pick(output.logits[:, -1], temperature, generator)
+    token = _pick(output.logits[:, -1], temperature, generator, sampling_key=sampling_key, first_position=num_input)
     del output
     tokens = [int(token[0].item())]
     time_to_first_token = device_clock(device) - prefill_start
@@ -431,7 +465,8 @@ def autoregressive_generate(
             past_key_values=cache,
             use_cache=True,
         )
-        token = _pick(output.logits[:, -1], temperature, generator)
+        token = _pick(output.logits[:, -1], temperature, generator, sampling_key=sampling_key,
+                      first_position=position + 1)
         del output
         tokens.append(int(token[0].item()))
         position += 1
@@ -456,7 +491,8 @@ def autoregressive_generate(
 
 
 @torch.inference_mode()
-def compare_to_greedy(spec_ids, greedy_ids, target, prompt_ids) -> dict:
+def compare_to_greedy(spec_ids, greedy_ids, target, prompt_ids, *, temperature: float = 0.0,
+                      sampling_key: int | None = None) -> dict:
     """Compare a speculative output with the target's greedy output token for token.
 
     Returns ``mismatches`` (positions where the two differ, plus any length difference),
@@ -464,6 +500,8 @@ def compare_to_greedy(spec_ids, greedy_ids, target, prompt_ids) -> dict:
     position with the target's ``top2_margin`` there (top-1 minus top-2 logit, computed by one
     forward over the prompt and the shared prefix). A margin near 0 is a numerical near-tie, where
     batched and one-token forwards may legitimately disagree; a large margin means a bug.
+    With ``sampling_key`` at T > 0 the outputs are keyed samples and the margin is that of the
+    scores the sample maximises (logits / T + the position's keyed Gumbel noise).
     """
     spec_ids, greedy_ids = [int(t) for t in spec_ids], [int(t) for t in greedy_ids]
     common = min(len(spec_ids), len(greedy_ids))
@@ -485,6 +523,9 @@ def compare_to_greedy(spec_ids, greedy_ids, target, prompt_ids) -> dict:
     prompt = _as_batch(prompt_ids, target.device)
     prefix = torch.tensor([greedy_ids[:first]], dtype=torch.long, device=target.device)
     logits = target(torch.cat([prompt, prefix], dim=1), logits_to_keep=1).logits[0, -1].float()
+    if temperature > 0 and sampling_key is not None:
+        position = torch.tensor([prompt.shape[1] + first])
+        logits = logits / temperature + keyed_gumbel(sampling_key, position, logits.shape[-1])[0].to(logits.device)
     top2 = torch.topk(logits, 2).values
     result.update(
         first_mismatch=first,

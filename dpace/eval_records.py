@@ -118,17 +118,21 @@ def summarize(
         cell.sort(key=lambda r: r["prompt_index"])
         requests = [turn for record in cell for turn in record["turns"]]
         block_size = cell[0]["block_size"]
-        ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in requests)
-        spec_tpot = statistics.fmean(t["spec"]["time_per_output_token_s"] for t in requests)
+        # Replayed tau: only the requests decoded for real were timed; SR comes from them alone.
+        timed = [t for t in requests if t.get("spec") is not None and t.get("ar") is not None]
+        ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in timed) if timed else None
+        spec_tpot = statistics.fmean(t["spec"]["time_per_output_token_s"] for t in timed) if timed else None
         steps = [_step_lengths(t, tau_counts) for t in requests]
         per_request = [tau for t in requests if (tau := request_tau(t)) is not None]
         lengths = [n for s in steps for n in s]
         histogram = [lengths.count(b) / len(lengths) if lengths else 0.0 for b in range(block_size + 1)]
         mismatches, diverged, first, divergences = None, None, None, None
-        if temperature == 0 and all(t["greedy"] is not None for t in requests):
+        if temperature == 0 and any(t["greedy"] is not None for t in requests):
             mismatches, diverged, divergences = 0, 0, []
             for record in cell:
                 for turn in record["turns"]:
+                    if turn["greedy"] is None:  # replayed, not decoded
+                        continue
                     mismatches += turn["greedy"]["mismatches"]
                     verdict = divergence_verdict(turn["greedy"], tie_margin)
                     if verdict is not None:
@@ -143,12 +147,15 @@ def summarize(
             "verification": verification,
             "block_size": block_size,
             "tau": statistics.fmean(per_request) if per_request else None,
-            "speedup": ar_tpot / spec_tpot,
+            "speedup": ar_tpot / spec_tpot if timed else None,
             "ar_tpot_s": ar_tpot,
             "spec_tpot_s": spec_tpot,
             "num_prompts": len(cell),
             "num_requests": len(requests),
-            "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in requests),
+            "num_timed_requests": len(timed),
+            "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in timed),
+            "tau_source": cell[0].get("tau_source", "decode"),
+            "replay_check": _replay_check(cell),
             "greedy_mismatches": mismatches,  # token positions that differ, over all requests
             "greedy_diverged_requests": diverged,
             "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, verdict, ...}
@@ -163,9 +170,27 @@ def summarize(
             "requests": [
                 {"id": record["id"], "turn": turn["turn"],
                  "tau": request_tau(turn),
-                 "ar_tpot_s": turn["ar"]["time_per_output_token_s"],
-                 "spec_tpot_s": turn["spec"]["time_per_output_token_s"]}
+                 "ar_tpot_s": turn["ar"]["time_per_output_token_s"] if turn.get("ar") else None,
+                 "spec_tpot_s": turn["spec"]["time_per_output_token_s"] if turn.get("spec") else None}
                 for record in cell for turn in record["turns"]
             ],
         })
     return rows
+
+
+def _replay_check(cell: list[dict]) -> dict | None:
+    """Counts of the exactness check of replayed tau (``dpace.replay.compare_replay``) over a cell's
+    decoded requests, with every failure named; None when no request was replayed and decoded."""
+    checks = [(record, turn) for record in cell for turn in record["turns"] if turn.get("replay_check")]
+    if not checks:
+        return None
+    verdicts = [turn["replay_check"]["verdict"] for _, turn in checks]
+    return {
+        "requests_compared": len(checks),
+        "equal": verdicts.count("equal"),
+        "ties": verdicts.count("tie"),
+        "failures": verdicts.count("failure"),
+        "failed": [{"benchmark": record["benchmark"], "temperature": record["temperature"], "id": record["id"],
+                    "turn": turn["turn"], **turn["replay_check"]}
+                   for record, turn in checks if turn["replay_check"]["verdict"] == "failure"],
+    }

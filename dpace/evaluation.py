@@ -22,6 +22,13 @@ same baseline times: their SR differences then come from their own decoding only
 baseline's run-to-run jitter, and each evaluation skips about a third of its work. Without a
 baseline file each evaluation times the target itself, prompt by prompt, in the same process.
 
+With ``tau="replay"`` (``eval.tau``, the default) tau comes from every prompt without decoding it:
+the target's answers and features (``measure_baseline``, once per target) are replayed by each drafter
+(``dpace.replay``), and only the first ``decoded_prompts`` prompts of each benchmark are decoded for
+real: SR comes from them, and their steps are compared with the replayed ones, a difference beyond a
+near-tie failing the job (``ReplayMismatch``). At T > 0 hard-match samples the target keyed by
+request and position, so the decoded and the replayed answer are the same sample.
+
 The job is resumable: one record per finished prompt is appended to ``records_path`` and prompts
 already recorded are skipped on a rerun; the summary (JSON) and per-block table (CSV) are written
 atomically from all records at the end.
@@ -46,7 +53,7 @@ from dpace.decoding import (
     speculative_generate,
     surrogate,
 )
-from dpace.drafter import check_drafter_matches_target, load_drafter
+from dpace.drafter import check_drafter_matches_target, default_target_layer_ids, load_drafter
 from dpace.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
     BLOCK_COLUMNS,
     GREEDY_TIE_MARGIN,
@@ -67,6 +74,14 @@ from dpace.io import (
     current_records,
     input_checksum,
     read_partial_jsonl,
+)
+from dpace.replay import (
+    batched_answers,
+    compare_replay,
+    needed_context_start,
+    reference_turn,
+    replay_turn,
+    target_features,
 )
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids, target_checksum
 
@@ -95,10 +110,17 @@ def _prompt_fingerprint(prompt_ids) -> int:
     return zlib.crc32(repr([int(t) for t in prompt_ids]).encode())
 
 
+def _sampling_key(temperature, verification, request_seed) -> int | None:
+    """Hard-match at T > 0 samples the target keyed by (request, position) (``dpace.decoding.keyed_gumbel``):
+    the speculative output then equals the autoregressive one token for token, which replay needs."""
+    return request_seed if temperature > 0 and verification in ("hard-match", BASELINE) else None
+
+
 def _autoregressive(target, prompt_ids, temperature, request_seed, *, stops, max_new_tokens, device):
     return autoregressive_generate(
         target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
         temperature=temperature, generator=_generator(device, request_seed),
+        sampling_key=_sampling_key(temperature, BASELINE, request_seed),
     )
 
 
@@ -122,14 +144,17 @@ def _evaluate_prompt(
         else:
             base_turn = baseline["turns"][turn_index]
             ar_timing = base_turn["ar"]
+            if ar_timing is None:
+                raise ValueError(f"the shared baseline did not time {benchmark} {row['id']} (its timed_prompts)")
             # A later turn's prompt holds the speculative answer to the one before; it is the baseline's
             # own answer unless the two parted (a near-tie in bf16), and only then the tokens differ.
             if base_turn["prompt_fingerprint"] == _prompt_fingerprint(prompt_ids):
                 greedy_ids = base_turn["new_token_ids"]
+        key = _sampling_key(temperature, verification, request_seed)
         spec = speculative_generate(
             drafter, target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
             temperature=temperature, verification=verification,
-            generator=_generator(device, request_seed + 1), decode_clock=decode_clock,
+            generator=_generator(device, request_seed + 1), decode_clock=decode_clock, sampling_key=key,
         )
         turn = {
             "turn": turn_index,
@@ -139,6 +164,8 @@ def _evaluate_prompt(
             "block_lengths": spec.block_lengths,
             "blocks": [{"accepted": b.accepted, "emitted": b.emitted, "q": b.q} for b in spec.blocks],
             "greedy": None,
+            "new_token_ids": spec.new_token_ids,
+            "prompt_fingerprint": _prompt_fingerprint(prompt_ids),
         }
         if temperature == 0 and check_greedy:
             if greedy_ids is None:  # this prompt is not the baseline's: its greedy answer is decoded here
@@ -216,22 +243,46 @@ def measure_baseline(
     device: str = "cpu",
     dtype: str | torch.dtype = "float32",
     sampled_prompts: int | None = None,
+    overrun: int = 0,
+    features_path=None,
+    feature_layer_ids: list[int] | None = None,
+    feature_window: int = 0,
+    num_target_features: int = 3,
+    timed_prompts: int | None = None,
+    batch_size: int = 1,
+    share_features: bool = True,
 ) -> list[dict]:
     """Time the target decoding alone on every request of the evaluation plan; write ``out_path``.
 
     One record per (benchmark, temperature, prompt), as ``evaluate_drafter`` plans them, each turn
-    after the target's own answer to the one before. Per turn: its prompt's fingerprint, the timing
-    and the new tokens (the greedy reference of the lossless check at T = 0). Request seeds are the
-    ones ``evaluate_drafter`` gives its in-process baseline, so both sample the same answers.
-    Resumable through ``records_path`` like ``evaluate_drafter``.
+    after the target's own answer to the one before. Per turn: its prompt's tokens and fingerprint,
+    the timing and the new tokens (the greedy reference of the lossless check at T = 0; at T > 0 the
+    target's sample keyed by request and position, ``_sampling_key``), and the ``overrun`` tokens the
+    target picks after a stop token (``dpace.replay.reference_turn``): the reference answers replayed
+    tau reads. Request seeds are the ones ``evaluate_drafter`` gives its in-process baseline, so both
+    sample the same answers. Resumable through ``records_path`` like ``evaluate_drafter``.
+
+    ``features_path``: also write the target's context features (``feature_layer_ids``) of every
+    turn's prompt + answer, once for every drafter's replay: a dict by ``feature_key`` of (first
+    position, [positions, features] tensor in ``dtype``); with ``feature_window`` W > 0 only from W
+    positions before the answer (what a sliding-window drafter can see), else from position 0.
+
+    ``timed_prompts``: only the first N prompts of each benchmark and temperature are decoded batch-1
+    and timed (the ones an evaluation decodes for real, whose answers its exactness check compares
+    with); the others' answers come from ``dpace.replay.batched_answers`` in batches of
+    ``batch_size``, with ``"ar": None`` (None: every prompt timed). ``share_features=False`` writes
+    ``features_path`` empty: each evaluation then computes the features itself (one target forward per
+    request), for long answers of wide targets whose features would not fit on disk.
     """
     dtype_name = str(dtype).removeprefix("torch.")
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
     temperatures = [float(t) for t in temperatures]
     plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
-    made = {"max_new_tokens": max_new_tokens, "seed": seed, "dtype": dtype_name, "target": target_checksum(target_json)}
+    made = {"max_new_tokens": max_new_tokens, "seed": seed, "dtype": dtype_name, "target": target_checksum(target_json),
+            "sampling": "keyed", "overrun": overrun, "timed_prompts": timed_prompts}
     records = current_records(records_path, **made)
     todo = _pending(plan, records, BASELINE)
+    target = tokenizer = None
     if any(todo.values()):
         target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
         stops = stop_token_ids(tokenizer)
@@ -239,16 +290,31 @@ def measure_baseline(
         _warm_up(target, None, tokenizer, stops, first_row["turns"][0], temperatures, BASELINE, device)
         with JsonlAppender(records_path) as appender:
             for (name, temperature), pending in todo.items():
+                untimed = [(i, row) for i, row in pending if timed_prompts is not None and i >= timed_prompts]
+                for start in range(0, len(untimed), batch_size):
+                    chunk = untimed[start : start + batch_size]
+                    for record in _batched_answer_records(chunk, name, temperature, target=target, tokenizer=tokenizer,
+                                                          stops=stops, seed=seed, max_new_tokens=max_new_tokens,
+                                                          overrun=overrun):
+                        record.update(made)
+                        appender.write(record)
+                        records.append(record)
+                    print(f"{name} T={temperature:g}: {start + len(chunk)} of {len(untimed)} untimed prompts answered",
+                          flush=True)
+                pending = [(i, row) for i, row in pending if timed_prompts is None or i < timed_prompts]
                 for index, row in _progress(plan, name, temperature, pending):
                     messages, turns = [], []
                     for turn_index, text in enumerate(row["turns"]):
                         messages.append({"role": "user", "content": text})
                         prompt_ids = chat_prompt_ids(tokenizer, messages)
                         request_seed = _seed_for(seed, name, str(row["id"]), turn_index, temperature)
-                        ar = _autoregressive(target, prompt_ids, temperature, request_seed, stops=stops,
-                                             max_new_tokens=max_new_tokens, device=device)
+                        ar, continuation = reference_turn(
+                            target, prompt_ids, temperature=temperature, stop_token_ids=stops,
+                            sampling_key=_sampling_key(temperature, BASELINE, request_seed),
+                            max_new_tokens=max_new_tokens, overrun=overrun, generator=_generator(device, request_seed))
                         turns.append({"turn": turn_index, "prompt_fingerprint": _prompt_fingerprint(prompt_ids),
-                                      "ar": _timing(ar), "new_token_ids": ar.new_token_ids})
+                                      "ar": _timing(ar), "new_token_ids": ar.new_token_ids,
+                                      "prompt_ids": [int(t) for t in prompt_ids], "continuation_ids": continuation})
                         messages.append({"role": "assistant",
                                          "content": tokenizer.decode(ar.new_token_ids, skip_special_tokens=True)})
                     record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index,
@@ -256,8 +322,60 @@ def measure_baseline(
                     appender.write(record)
                     records.append(record)
     selected = select_records(records, plan, BASELINE)
+    if features_path is not None and not share_features:  # an empty file: evaluations compute their own
+        atomic_save_torch(features_path, {"layer_ids": [], "dtype": dtype_name, "features": {}})
+    elif features_path is not None:
+        if target is None:
+            target, _ = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
+        if feature_layer_ids is None:  # the drafters' default (SpecForge's build_target_layer_ids)
+            feature_layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
+        features = {}
+        for record in tqdm(selected, desc="features", unit="prompt"):
+            for turn in record["turns"]:
+                prompt_ids = turn["prompt_ids"]
+                start = 0 if not feature_window else max(0, len(prompt_ids) - int(feature_window) + 1)
+                features[feature_key(record, turn["turn"])] = (
+                    start, target_features(target, prompt_ids + turn["new_token_ids"], feature_layer_ids, start).cpu())
+        atomic_save_torch(features_path, {"layer_ids": list(feature_layer_ids), "dtype": dtype_name,
+                                          "features": features})
     atomic_write_jsonl(out_path, selected)
     return selected
+
+
+def _batched_answer_records(chunk, benchmark, temperature, *, target, tokenizer, stops, seed, max_new_tokens,
+                            overrun) -> list[dict]:
+    """``measure_baseline`` records of ``chunk``'s prompts, answered in batches turn by turn (untimed)."""
+    messages = {index: [] for index, _ in chunk}
+    turns = {index: [] for index, _ in chunk}
+    for turn_index in range(max(len(row["turns"]) for _, row in chunk)):
+        rows = [(index, row) for index, row in chunk if turn_index < len(row["turns"])]
+        prompts = []
+        for index, row in rows:
+            messages[index].append({"role": "user", "content": row["turns"][turn_index]})
+            prompts.append(chat_prompt_ids(tokenizer, messages[index]))
+        keys = [_sampling_key(temperature, BASELINE, _seed_for(seed, benchmark, str(row["id"]), turn_index, temperature))
+                for _, row in rows]
+        answers = batched_answers(target, prompts, temperature=temperature, sampling_keys=keys, stop_token_ids=stops,
+                                  max_new_tokens=max_new_tokens, overrun=overrun)
+        for (index, _), prompt_ids, (answer, continuation) in zip(rows, prompts, answers, strict=True):
+            turns[index].append({"turn": turn_index, "prompt_fingerprint": _prompt_fingerprint(prompt_ids), "ar": None,
+                                 "new_token_ids": answer, "prompt_ids": [int(t) for t in prompt_ids],
+                                 "continuation_ids": continuation})
+            messages[index].append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
+    return [{"benchmark": benchmark, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
+             "verification": BASELINE, "turns": turns[index]} for index, row in chunk]
+
+
+def feature_key(record: dict, turn: int) -> str:
+    return f"{record['benchmark']}|{float(record['temperature'])}|{record['id']}|{turn}"
+
+
+def atomic_save_torch(path, value) -> None:
+    path = Path(path)
+    path.parent.mkdir(parents=True, exist_ok=True)
+    tmp = path.with_name(path.name + ".tmp")
+    torch.save(value, tmp)
+    tmp.replace(path)
 
 
 def load_baseline(path, *, max_new_tokens: int, seed: int, dtype: str | torch.dtype,
@@ -288,6 +406,75 @@ def blocks_csv(records: Iterable[dict]) -> str:
     return out.getvalue()
 
 
+TAU_SOURCES = ("decode", "replay")
+
+
+class ReplayMismatch(RuntimeError):
+    """Replayed step lengths differ from real speculative decoding beyond a near-tie."""
+
+
+def _load_features(path, drafter) -> dict:
+    """Shared context features by ``feature_key``, if made for this drafter's layers (else recomputed)."""
+    if path is None or not Path(path).exists():
+        return {}
+    stored = torch.load(path, weights_only=True)
+    if list(stored["layer_ids"]) != [int(i) for i in drafter.target_layer_ids]:
+        return {}
+    return stored["features"]
+
+
+def _replay_prompt(row, prompt_index, benchmark, temperature, verification, *, target, drafter, tokenizer, stops,
+                   max_new_tokens, seed, device, decode_clock, reference, features, decode, tie_margin, baseline,
+                   compare_steps) -> dict:
+    """One prompt's record with replayed steps; decoded for real too when ``decode`` (timed, and checked)."""
+    turns, replays = [], []
+    if reference["turns"][0]["prompt_ids"] != chat_prompt_ids(tokenizer, [{"role": "user", "content": row["turns"][0]}]):
+        raise ValueError(f"the reference answers were made for another prompt of {benchmark} {row['id']}")
+    for ref_turn in reference["turns"]:
+        prompt_ids = ref_turn["prompt_ids"]
+        stored = features.get(feature_key(reference, ref_turn["turn"]))
+        needed = needed_context_start(drafter, len(prompt_ids))
+        if stored is not None and stored[0] <= needed:
+            start, feats = stored[0], stored[1].to(device=device, dtype=target.dtype)
+        else:
+            start = needed
+            feats = target_features(target, prompt_ids + ref_turn["new_token_ids"], drafter.target_layer_ids, start)
+        replayed = replay_turn(drafter, target, feats, start, prompt_ids, ref_turn["new_token_ids"],
+                               ref_turn.get("continuation_ids", []), max_new_tokens=max_new_tokens,
+                               stop_token_ids=stops)
+        replays.append(replayed)
+        turns.append({
+            "turn": ref_turn["turn"], "ar": None, "spec": None,
+            "acceptance_lengths": replayed.acceptance_lengths, "block_lengths": replayed.block_lengths,
+            "blocks": [{"accepted": b.accepted, "emitted": b.emitted, "q": b.q} for b in replayed.blocks],
+            "greedy": None, "replay_check": None,
+        })
+    if decode:
+        decoded = _evaluate_prompt(
+            row, prompt_index, benchmark, temperature, verification, target=target, drafter=drafter,
+            tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed, check_greedy=True,
+            device=device, decode_clock=decode_clock, baseline=baseline)
+        previous = None
+        for turn, replayed, ref_turn, real in zip(turns, replays, reference["turns"], decoded["turns"], strict=True):
+            turn.update(ar=real["ar"], spec=real["spec"], greedy=real["greedy"])
+            if real["prompt_fingerprint"] != ref_turn["prompt_fingerprint"]:
+                # the previous turn's answer parted from the reference: this turn's prompt is another one
+                check = {**previous, "cause": "previous turn"}
+            else:
+                request_seed = _seed_for(seed, benchmark, str(row["id"]), ref_turn["turn"], float(temperature))
+                divergence = compare_to_greedy(real["new_token_ids"], ref_turn["new_token_ids"], target,
+                                               ref_turn["prompt_ids"], temperature=temperature,
+                                               sampling_key=_sampling_key(temperature, verification, request_seed))
+                check = compare_steps(turn, real, tie_margin=tie_margin, target_divergence=divergence,
+                                      drafter_margins=replayed.margins)
+            turn["replay_check"] = previous = check
+    return {
+        "benchmark": benchmark, "id": str(row["id"]), "prompt_index": prompt_index, "temperature": float(temperature),
+        "verification": verification, "max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
+        "block_size": drafter.block_size, "turns": turns,
+    }
+
+
 def evaluate_drafter(
     target_json,
     drafter_dir,
@@ -308,8 +495,24 @@ def evaluate_drafter(
     tau_counts: str = "accepted-plus-bonus",
     tie_margin: float = GREEDY_TIE_MARGIN,
     baseline_path: str | Path | None = None,
+    tau: str = "decode",
+    reference_path: str | Path | None = None,
+    features_path: str | Path | None = None,
+    decoded_prompts: int | None = None,
+    sampled_decoded_prompts: int | None = None,
+    compare_steps=compare_replay,
 ) -> list[dict]:
     """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
+
+    ``tau``: "decode" (every request decoded speculatively, as DFlash's benchmark) or "replay":
+    every request's steps are replayed over the target's answer (``dpace.replay``) from
+    ``reference_path`` (a ``measure_baseline`` file made with an overrun; ``features_path`` its
+    features, recomputed here when absent or made for other layers), and only the first
+    ``decoded_prompts`` prompts of each benchmark and temperature (``sampled_decoded_prompts`` at T > 0,
+    None: the same) are decoded for real: their times
+    give SR, and their step lengths are compared with the replayed ones (``compare_steps``,
+    ``dpace.replay.compare_replay``). A difference that is not a near-tie fails the evaluation
+    (``ReplayMismatch``, naming the request and answer position) after the records are written.
 
     ``baseline_path``: a ``measure_baseline`` file with the same plan, ``max_new_tokens``, seed and
     dtype, whose times and greedy tokens stand for the autoregressive half (None: decode it here).
@@ -320,6 +523,10 @@ def evaluate_drafter(
     """
     if tau_counts not in TAU_COUNTS:
         raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
+    if tau not in TAU_SOURCES:
+        raise ValueError(f"tau must be one of {TAU_SOURCES}, got {tau!r}")
+    if tau == "replay" and (reference_path is None or verification != "hard-match"):
+        raise ValueError("tau='replay' needs reference answers (reference_path) and hard-match verification")
     if decode_clock not in DECODE_CLOCKS:
         raise ValueError(f"decode_clock must be one of {DECODE_CLOCKS}, got {decode_clock!r}")
     dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
@@ -337,7 +544,21 @@ def evaluate_drafter(
     # Records of another drafter, target, dtype or baseline (or none) are stale: decoded again.
     made = {"max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
             "dtype": str(dtype).removeprefix("torch."), "drafter": input_checksum(drafter_dir),
-            "target": target, "ar_baseline": baseline_id}
+            "target": target, "ar_baseline": baseline_id, "tau_source": tau, "sampling": "keyed"}
+    references = None
+    if tau == "replay":
+        references_id, references = load_baseline(reference_path, max_new_tokens=max_new_tokens, seed=seed,
+                                                  dtype=dtype, target=target)
+        missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in references]
+        if missing:
+            raise ValueError(f"{reference_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
+        made.update(references=references_id, decoded_prompts=decoded_prompts,
+                    sampled_decoded_prompts=sampled_decoded_prompts)
+
+    def decoded_count(temperature) -> int:
+        count = decoded_prompts if temperature == 0 or sampled_decoded_prompts is None else sampled_decoded_prompts
+        return count or 0
+
     records = current_records(records_path, **made)
     todo = _pending(plan, records, verification)
 
@@ -347,11 +568,26 @@ def evaluate_drafter(
         check_drafter_matches_target(drafter.config, target.config)
         stops = stop_token_ids(tokenizer)
         first_row = next(row for pending in todo.values() for _, row in pending)
-        _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device,
-                 autoregressive=baseline is None)
+        decodes = tau == "decode" or any(index < decoded_count(t) for (_, t), p in todo.items() for index, _ in p)
+        if decodes:
+            _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device,
+                     autoregressive=baseline is None)
+        features = _load_features(features_path, drafter) if tau == "replay" else {}
         with JsonlAppender(records_path) as appender:
             for (name, temperature), pending in todo.items():
                 for index, row in _progress(plan, name, temperature, pending):
+                    if tau == "replay":
+                        record = _replay_prompt(
+                            row, index, name, temperature, verification, target=target, drafter=drafter,
+                            tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
+                            device=device, decode_clock=decode_clock, reference=references[(name, temperature, str(row["id"]))],
+                            features=features, decode=index < decoded_count(temperature), tie_margin=tie_margin,
+                            baseline=None if baseline is None else baseline[(name, temperature, str(row["id"]))],
+                            compare_steps=compare_steps)
+                        record.update(made)
+                        appender.write(record)
+                        records.append(record)
+                        continue
                     base = None if baseline is None else baseline[(name, temperature, str(row["id"]))]
                     if base is not None and base["turns"][0]["prompt_fingerprint"] != _prompt_fingerprint(
                             chat_prompt_ids(tokenizer, [{"role": "user", "content": row["turns"][0]}])):
@@ -378,6 +614,18 @@ def evaluate_drafter(
         if row["greedy_failures"]:
             print(f"LOSSLESS CHECK FAILED: {row['greedy_failures']} divergence(s) in {row['benchmark']} at margins "
                   f">= {tie_margin:g} logits; speculative decoding changed the greedy output")
+        check = row.get("replay_check")
+        if check:
+            print(f"replay check {row['benchmark']} T={row['temperature']:g}: {check['requests_compared']} request(s) "
+                  f"compared, {check['equal']} equal, {check['ties']} near-tie(s), {check['failures']} failure(s)")
+    failures = [f for row in summary for f in (row.get("replay_check") or {}).get("failed", [])]
+    if failures:
+        first = failures[0]
+        raise ReplayMismatch(
+            f"replayed tau differs from speculative decoding in {len(failures)} request(s) beyond a near-tie "
+            f"(margin >= {tie_margin:g}); first: {first['benchmark']} T={first['temperature']:g} {first['id']} turn "
+            f"{first['turn']}, step {first['step']} at answer position {first['position']} ({first['cause']}, margin "
+            f"{first['margin']})")
     atomic_write_json(summary_path, summary)
     atomic_write_text(blocks_path, blocks_csv(selected))
     return summary

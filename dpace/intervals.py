@@ -48,14 +48,22 @@ def _prompt_sums(requests: Sequence[dict], prompt_ids: Sequence[str]) -> np.ndar
     index = {prompt_id: i for i, prompt_id in enumerate(prompt_ids)}
     sums = np.zeros((len(prompt_ids), 4))
     for request in requests:
+        if str(request["id"]) not in index:
+            continue
         has_tau = request["tau"] is not None
         sums[index[str(request["id"])]] += (
-            float(has_tau), request["tau"] if has_tau else 0.0, request["ar_tpot_s"], request["spec_tpot_s"])
+            float(has_tau), request["tau"] if has_tau else 0.0, request["ar_tpot_s"] or 0.0, request["spec_tpot_s"] or 0.0)
     return sums
 
 
 # The (numerator, denominator) columns of ``_prompt_sums`` whose ratio of sums each metric is.
 RATIOS = {"tau": (1, 0), "speedup": (2, 3)}
+
+
+def _timed_prompts(requests: Sequence[dict]) -> set[str]:
+    """Prompts whose every request was timed (replayed tau times only a subset: SR comes from it)."""
+    prompts = {str(r["id"]) for r in requests}
+    return prompts - {str(r["id"]) for r in requests if r.get("spec_tpot_s") is None or r.get("ar_tpot_s") is None}
 
 
 def _statistics(sums: np.ndarray) -> dict[str, np.ndarray]:
@@ -199,38 +207,52 @@ def hierarchical_bootstrap(
         for by_benchmark in (*requests, *reference_requests):
             if sorted({str(r["id"]) for r in by_benchmark[benchmark]}) != prompt_ids:
                 raise ValueError(f"{benchmark}: the two drafters were evaluated on different prompts")
-        ours = np.stack([_prompt_sums(by_benchmark[benchmark], prompt_ids) for by_benchmark in requests])
-        theirs = np.stack([_prompt_sums(by_benchmark[benchmark], prompt_ids) for by_benchmark in reference_requests])
+        # tau comes from every prompt; SR only from the prompts whose every request was timed (replayed
+        # tau decodes a subset for real), resampled among themselves, paired too.
+        timed = sorted(set(prompt_ids).intersection(
+            *(_timed_prompts(by_benchmark[benchmark]) for by_benchmark in (*requests, *reference_requests))))
         # One index matrix for both drafters and all their seeds: that is what makes the bootstrap paired.
         draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
-        ours_point, theirs_point = _statistics(ours), _statistics(theirs)  # [seeds]
-        ours_boot, theirs_boot = _statistics(ours[:, draws]), _statistics(theirs[:, draws])  # [seeds, resamples]
-        # Resampling n prompts spreads a mean by (n-1)/n of its true variance; widen each benchmark's
-        # resamples by sqrt(n/(n-1)) around its point estimate (the unbiased variance). One prompt
-        # carries no spread at all: its benchmark, and the average over benchmarks, get no interval.
-        widen = math.sqrt(len(prompt_ids) / (len(prompt_ids) - 1)) if len(prompt_ids) > 1 else math.nan
+        prompts_of = {"tau": (prompt_ids, draws), "speedup": (prompt_ids, draws)}
+        if timed != prompt_ids:
+            timed_draws = generator.integers(0, max(len(timed), 1), size=(resamples, len(timed)))
+            prompts_of["speedup"] = (timed, timed_draws)
         for metric in METRICS:
-            ours_mean, theirs_mean = ours_point[metric].mean(), theirs_point[metric].mean()
+            metric_prompts, metric_draws = prompts_of[metric]
+            ours = np.stack([_prompt_sums(by_benchmark[benchmark], metric_prompts) for by_benchmark in requests])
+            theirs = np.stack([_prompt_sums(by_benchmark[benchmark], metric_prompts)
+                               for by_benchmark in reference_requests])
+            ours_point, theirs_point = _statistics(ours)[metric], _statistics(theirs)[metric]  # [seeds]
+            # [seeds, resamples]
+            ours_boot, theirs_boot = _statistics(ours[:, metric_draws])[metric], _statistics(theirs[:, metric_draws])[metric]
+            # Resampling n prompts spreads a mean by (n-1)/n of its true variance; widen each benchmark's
+            # resamples by sqrt(n/(n-1)) around its point estimate (the unbiased variance). One prompt
+            # carries no spread at all: its benchmark, and the average over benchmarks, get no interval.
+            count = len(metric_prompts)
+            widen = math.sqrt(count / (count - 1)) if count > 1 else math.nan
+            ours_mean, theirs_mean = ours_point.mean(), theirs_point.mean()
             point_difference = ours_mean - theirs_mean
             # Seeds drawn, every prompt kept; then each drawn seed scored on the resample's prompts.
-            ours_seeds, theirs_seeds = ours_point[metric][ours_draws].mean(axis=1), theirs_point[metric][theirs_draws].mean(axis=1)
-            ours_both = np.take_along_axis(ours_boot[metric].T, ours_draws, axis=1).mean(axis=1)
-            theirs_both = np.take_along_axis(theirs_boot[metric].T, theirs_draws, axis=1).mean(axis=1)
+            ours_seeds, theirs_seeds = ours_point[ours_draws].mean(axis=1), theirs_point[theirs_draws].mean(axis=1)
+            ours_both = np.take_along_axis(ours_boot.T, ours_draws, axis=1).mean(axis=1)
+            theirs_both = np.take_along_axis(theirs_boot.T, theirs_draws, axis=1).mean(axis=1)
             seed_part = ours_widen * (ours_seeds - ours_mean) - theirs_widen * (theirs_seeds - theirs_mean)
             prompt_part = (ours_both - theirs_both) - (ours_seeds - theirs_seeds)
             differences = point_difference + seed_part + widen * prompt_part
             resampled_differences[metric].append(differences)
             point_values[metric].append((ours_mean, theirs_mean))
-            tables[metric][0].append(_linearized(ours, metric))
-            tables[metric][1].append(_linearized(theirs, metric))
-            split = variance_components(tables[metric][0][-1:], tables[metric][1][-1:], paired_seeds=paired_seeds)
-            rows.append(_row(benchmark, metric, ours_mean, theirs_mean, differences, tail, len(prompt_ids),
+            split = (math.nan, math.nan)  # no timed prompt here: no SR, nothing to split
+            if count:
+                tables[metric][0].append(_linearized(ours, metric))
+                tables[metric][1].append(_linearized(theirs, metric))
+                split = variance_components(tables[metric][0][-1:], tables[metric][1][-1:], paired_seeds=paired_seeds)
+            rows.append(_row(benchmark, metric, ours_mean, theirs_mean, differences, tail, count,
                              resamples, split, seed_counts))
     for metric in METRICS:
         ours_avg, theirs_avg = np.mean(point_values[metric], axis=0)
         differences = np.mean(resampled_differences[metric], axis=0)
         prompts = sum(row["num_prompts"] for row in rows if row["metric"] == metric)
-        split = variance_components(*tables[metric], paired_seeds=paired_seeds)
+        split = variance_components(*tables[metric], paired_seeds=paired_seeds) if tables[metric][0] else (math.nan, math.nan)
         rows.append(_row("avg", metric, ours_avg, theirs_avg, differences, tail, prompts, resamples, split, seed_counts))
     return rows
 

@@ -18,7 +18,12 @@ METRIC_COLUMNS = [
     "normalization", "epoch", "suite", "benchmark", "temperature", "verification", "tau", "speedup",
     "ar_tpot_s", "spec_tpot_s", "num_prompts", "num_output_tokens", "greedy_mismatches", "greedy_ties", "greedy_failures",
     "method", "training_seed",
+    # replayed tau (eval.tau: replay): SR's decoded subset, and the exactness check's counts over it
+    "tau_source", "num_requests", "num_timed_requests", "replay_compared", "replay_equal", "replay_ties",
+    "replay_failures",
 ]
+REPLAY_CHECK_COLUMNS = {"replay_compared": "requests_compared", "replay_equal": "equal", "replay_ties": "ties",
+                        "replay_failures": "failures"}
 
 
 def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
@@ -62,6 +67,8 @@ def experiment_metrics(
             for key in METRIC_COLUMNS:
                 if key in result:
                     row[key] = result[key]
+            for column, key in REPLAY_CHECK_COLUMNS.items():
+                row[column] = (result.get("replay_check") or {}).get(key)
             rows.append(row)
             requests.append(result.get("requests"))
         block_file = Path(path).with_name("blocks.csv")

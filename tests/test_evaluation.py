@@ -67,14 +67,20 @@ def run(setup, out):
 
 
 def count_calls(monkeypatch, name):
+    """Calls of ``name`` from the evaluation, and from the baseline's answers (``dpace.replay.reference_turn``)."""
+    import dpace.replay as replay
+
     calls = []
-    original = getattr(evaluation, name)
 
-    def wrapper(*args, **kwargs):
-        calls.append(kwargs.get("temperature"))
-        return original(*args, **kwargs)
+    def counted(original):
+        def wrapper(*args, **kwargs):
+            calls.append(kwargs.get("temperature"))
+            return original(*args, **kwargs)
+        return wrapper
 
-    monkeypatch.setattr(evaluation, name, wrapper)
+    for module in (evaluation, replay):
+        if hasattr(module, name):
+            monkeypatch.setattr(module, name, counted(getattr(module, name)))
     return calls
 
 

@@ -69,10 +69,16 @@ def test_evaluations_share_one_autoregressive_baseline_where_it_covers_their_req
     assert {"/trajectory/" in out for out in evaluations} == {True, False}
     for output, inputs in evaluations.items():
         assert (baseline in inputs) == ("/full/" in output), (output, inputs)
-    # eval.baseline per-drafter (the default): no shared job, every evaluation times its own autoregressive pass.
-    result = snakemake(tmp_path, write_config(tmp_path), "-n", "results/table_ablation.tex")
+    # eval.baseline per-drafter (the default) with tau decoded: no shared job, every evaluation times its own
+    # autoregressive pass.
+    result = snakemake(tmp_path, write_config(tmp_path, **{"eval.tau": "decode"}), "-n", "results/table_ablation.tex")
     assert "autoregressive_baseline" not in planned_jobs(result)
     assert not any(baseline in inputs for inputs in evaluation_inputs(result).values())
+    # Replayed tau (the default): the baseline job computes the answers and features every evaluation replays.
+    result = snakemake(tmp_path, write_config(tmp_path), "-n", "results/table_ablation.tex")
+    assert planned_jobs(result)["autoregressive_baseline"] == 1
+    features = "results/eval/tiny/reference-features.pt"
+    assert all(baseline in inputs and features in inputs for inputs in evaluation_inputs(result).values())
 
 
 def test_a_target_with_released_answers_imports_them_instead_of_generating(tmp_path, mirror):

@@ -175,3 +175,31 @@ def shared_baseline(wildcards):
     if eval_backend(wildcards) == "local" and config["eval"]["baseline"] == "shared" and covered:
         return {"baseline": f"{RESULTS}/eval/{wildcards.target}/autoregressive-baseline.jsonl"}
     return {}
+
+
+# Replayed tau (eval.tau: replay) reads the target's answers and features that the autoregressive
+# baseline job computes once per target; a suite it does not cover (MATH-500 not benchmarked) decodes.
+REPLAY_OVERRUN = max(v.block_size for v in VARIANTS.values()) - 1
+BASELINE_TIMED_PROMPTS = (
+    max(config["eval"]["decoded_prompts_per_benchmark"], config["eval"]["sampled_decoded_prompts_per_benchmark"] or 0)
+    if config["eval"]["tau"] == "replay" and config["eval"]["verification"] == "hard-match" else None
+)
+
+
+def replay_covered(wildcards):
+    suite = SUITES[wildcards.suite]
+    covered = set(suite["benchmarks"]) <= set(BASELINE_BENCHMARKS) and set(suite["temperatures"]) <= set(
+        BASELINE_TEMPERATURES
+    )
+    return (config["eval"]["tau"] == "replay" and eval_backend(wildcards) == "local" and covered
+            and config["eval"]["verification"] == "hard-match")
+
+
+def reference_answers(wildcards):
+    if replay_covered(wildcards):
+        return {
+            "reference": f"{RESULTS}/eval/{wildcards.target}/autoregressive-baseline.jsonl",
+            "features": f"{RESULTS}/eval/{wildcards.target}/reference-features.pt",
+        }
+    return {}
+

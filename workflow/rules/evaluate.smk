@@ -6,7 +6,10 @@ rule autoregressive_baseline:
         target=f"{RESULTS}/targets/{{target}}/target.json",
         benchmarks=expand(f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl", benchmark=BASELINE_BENCHMARKS),
     output:
+        # the target's answers (greedy at T=0, keyed samples at T>0), their times, and the context
+        # features replayed tau reads: computed once per target for every drafter's evaluation
         baseline=f"{RESULTS}/eval/{{target}}/autoregressive-baseline.jsonl",
+        features=f"{RESULTS}/eval/{{target}}/reference-features.pt",
     log:
         f"{RESULTS}/logs/eval/{{target}}/autoregressive-baseline.log",
     benchmark:
@@ -17,6 +20,14 @@ rule autoregressive_baseline:
         sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
         seed=config["seed"],
         dtype=config["eval"]["dtype"],
+        overrun=REPLAY_OVERRUN,
+        # replayed tau: batch-1 (timed) answers for the prompts evaluations decode, batched ones for the rest
+        timed_prompts=BASELINE_TIMED_PROMPTS,
+        batch_size=config["responses"]["batch_size"],
+        share_features=config["eval"]["shared_features"],
+        num_target_features=config["features"]["num_target_features"],
+        target_layer_ids=config["features"]["target_layer_ids"],
+        feature_window=config["train"]["sliding_window"],
         records=f"{SCRATCH}/eval/{{target}}/autoregressive-baseline.records.jsonl",
         code=script_fingerprint("autoregressive_baseline.py"),
     threads: JOB_THREADS
@@ -29,6 +40,7 @@ rule autoregressive_baseline:
 rule evaluate:
     input:
         unpack(shared_baseline),
+        unpack(reference_answers),
         train_summary=f"{RESULTS}/drafters/{{target}}/{{variant}}/summary.json",
         target=f"{RESULTS}/targets/{{target}}/target.json",
         benchmarks=lambda wildcards: expand(
@@ -56,6 +68,9 @@ rule evaluate:
         decode_clock=config["eval"]["decode_clock"],
         tau_counts=config["eval"]["tau_counts"],
         greedy_tie_margin=config["eval"]["greedy_tie_margin"],
+        tau=lambda wildcards: "replay" if replay_covered(wildcards) else "decode",
+        decoded_prompts=config["eval"]["decoded_prompts_per_benchmark"],
+        sampled_decoded_prompts=config["eval"]["sampled_decoded_prompts_per_benchmark"],
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=script_fingerprint("evaluate.py"),
     threads: JOB_THREADS

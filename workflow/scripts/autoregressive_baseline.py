@@ -24,4 +24,12 @@ with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() 
         out_path=snakemake.output.baseline,
         device="cuda" if ids and torch.cuda.is_available() else "cpu",
         dtype=params.dtype,
+        overrun=params.overrun,
+        features_path=snakemake.output.features,
+        feature_layer_ids=params.target_layer_ids,
+        num_target_features=params.num_target_features,
+        feature_window=params.feature_window,
+        timed_prompts=params.timed_prompts,
+        batch_size=params.batch_size,
+        share_features=params.share_features,
     )

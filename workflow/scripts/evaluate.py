@@ -34,6 +34,9 @@ elif params.backend == "local":
     with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
         evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, device="cuda" if ids and torch.cuda.is_available() else "cpu",
                          dtype=params.dtype, decode_clock=params.decode_clock, tau_counts=params.tau_counts,
-                         tie_margin=params.greedy_tie_margin, baseline_path=snakemake.input.get("baseline"), **common)
+                         tie_margin=params.greedy_tie_margin, baseline_path=snakemake.input.get("baseline"),
+                         tau=params.tau, reference_path=snakemake.input.get("reference"),
+                         features_path=snakemake.input.get("features"), decoded_prompts=params.decoded_prompts,
+                         sampled_decoded_prompts=params.sampled_decoded_prompts, **common)
 else:
     raise ValueError(f"eval.backend={params.backend!r}; valid: local, sglang")
