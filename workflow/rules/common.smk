@@ -1,4 +1,5 @@
 # Shared helpers: the variant registry (dpace.config) and paths. Imported by every stage file.
+import os
 import re
 import sys
 from pathlib import Path
@@ -104,7 +105,8 @@ def artifact_paths(names):
 
 
 def report_targets():
-    return artifact_paths(TABLES + FIGURES)
+    """Every configured table and figure, and the scorecard of the paper's claims (findings)."""
+    return artifact_paths(TABLES + FIGURES) + ([f"{RESULTS}/findings.md"] if "main" in EXPERIMENTS else [])
 
 
 def artifact_inputs(name):
@@ -122,6 +124,25 @@ def artifact_inputs(name):
         inputs["train_steps"] = f"{RESULTS}/metrics/main_train_steps.csv"
         inputs["train_runs"] = f"{RESULTS}/metrics/main_train_runs.csv"
     return inputs
+
+
+CLAIMS = os.path.join(workflow.basedir, "workflow", "claims.yaml")
+
+
+def built_metrics(wildcards):
+    """The metrics files of the configured experiments other than Table 1's that already exist: the
+    scorecard's optional inputs (checked when the DAG is built; the rest are its "not run" claims)."""
+    names = [f"{e}{suffix}" for e in EXPERIMENTS if e != "main" for suffix in (".csv", "_comparisons.csv")]
+    return [p for p in (f"{RESULTS}/metrics/{name}" for name in names) if os.path.exists(p)]
+
+
+def config_name():
+    """The run's config as the scorecard names it: its config files and any --config overrides."""
+    settings = workflow.config_settings
+    files = [] if settings.replace_workflow_config else ["config.yaml"]
+    files += [Path(f).name for f in settings.configfiles]
+    overrides = " ".join(f"{key}={value}" for key, value in settings.config.items())
+    return " + ".join(files) + (f" --config {overrides}" if overrides else "")
 
 
 def experiment_metadata(experiment):
