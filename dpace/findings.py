@@ -141,11 +141,9 @@ def comparison_estimate(row: pd.Series, relative: bool) -> tuple[float, float, f
 
 
 def _cell_label(row: pd.Series, extra: Sequence[str] = ()) -> str:
-    parts = [f"{row['target']}", f"d{int(row['depth'])}", f"B{int(row['block_size'])}"]
-    if "temperature" in row and pd.notna(row["temperature"]):
-        parts.append(f"T{float(row['temperature']):g}")
-    if "epoch" in row and pd.notna(row["epoch"]):
-        parts.append(f"epoch {int(row['epoch'])}")
+    """``tiny d1 B4 T0 epoch 2`` (and ``alpha 0.5`` ...): the cell's columns that ``row`` holds."""
+    formats = {"target": "{}", "depth": "d{:.0f}", "block_size": "B{:.0f}", "temperature": "T{:g}", "epoch": "epoch {:.0f}"}
+    parts = [fmt.format(row[key]) for key, fmt in formats.items() if key in row and pd.notna(row[key])]
     parts += [f"{key} {row[key]}" for key in extra if key in row and pd.notna(row[key])]
     return " ".join(parts)
 
@@ -252,8 +250,11 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         result = paired_contrast([{b: d[b] for b in common} for d in drafters],
                                  [float(t.get("weight", 1.0)) for t in terms],
                                  metric=m.get("metric", "tau"), resamples=RESAMPLES, seed=SEED, level=LEVEL)
-        label = _cell_label(cell.iloc[0][cell_keys]) if {"target", "depth", "block_size"} <= set(cell_keys) \
-            else " ".join(f"{k} {cell.iloc[0][k]}" for k in cell_keys)
+        label = _cell_label(cell.iloc[0][cell_keys])
+        if len(terms) > 1:  # which drafters, with the values that largest/smallest picked
+            label += "".join(f", {float(term.get('weight', 1.0)):+g} x " + " ".join(
+                f"{k} {p.iloc[0][k]}" if v in ("largest", "smallest") else str(v)
+                for k, v in term.items() if k != "weight") for term, p in zip(terms, picked, strict=True))
         findings.append(Finding(claim, verdict(result["ci_low"], result["ci_high"], region), label,
                                 result["value"], result["ci_low"], result["ci_high"],
                                 note=f"n={result['num_prompts']} prompts"))
