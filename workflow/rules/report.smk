@@ -107,8 +107,9 @@ rule findings:
 
     It needs only Table 1's metrics (and the training CSVs of Table 1's drafters, which cost seconds), so
     `snakemake results/findings.md` never starts another experiment. Every other metrics file it reads is
-    an input only when it already exists (``built_metrics``): built experiments are kept up to date and
-    their changes rebuild the scorecard, and the claims of experiments never built are "not run"."""
+    an input when it already exists, or when the run is `all` (``built_metrics``): built experiments are
+    kept up to date and their changes rebuild the scorecard, and the claims of experiments never built
+    are "not run"."""
     input:
         claims=CLAIMS,
         main=f"{RESULTS}/metrics/main_comparisons.csv",
