@@ -257,6 +257,57 @@ def hierarchical_bootstrap(
     return rows
 
 
+def paired_contrast(
+    drafters: Sequence[dict[str, Sequence[dict]]],
+    weights: Sequence[float],
+    *,
+    metric: str = "tau",
+    resamples: int = 2000,
+    seed: int = 0,
+    level: float = 0.95,
+) -> dict:
+    """A weighted sum of drafters' statistics, averaged over benchmarks, with a paired percentile interval.
+
+    ``drafters[i][benchmark]`` lists drafter i's requests as in :func:`paired_bootstrap`; the contrast is
+    sum_i ``weights[i]`` * statistic_i (one drafter with weight 1: its own value; weights 1, -1: the
+    difference :func:`paired_bootstrap` gives, draw for draw; 1, -1, -1, 1: a difference of two
+    differences). Every drafter is resampled with the same prompt draws and widened as there.
+    """
+    if len(drafters) != len(weights) or not drafters:
+        raise ValueError(f"{len(drafters)} drafter(s) for {len(weights)} weight(s)")
+    benchmarks = sorted(drafters[0])
+    if any(sorted(d) != benchmarks for d in drafters):
+        raise ValueError(f"benchmarks differ between drafters: {[sorted(d) for d in drafters]}")
+    generator = np.random.default_rng(seed)
+    tail = (1.0 - level) / 2.0
+    w = np.asarray(weights, dtype=float)
+    points, resampled, prompts = [], [], 0
+    for benchmark in benchmarks:
+        prompt_ids = sorted({str(r["id"]) for r in drafters[0][benchmark]})
+        if any(sorted({str(r["id"]) for r in d[benchmark]}) != prompt_ids for d in drafters):
+            raise ValueError(f"{benchmark}: the drafters were evaluated on different prompts")
+        # The same draws as paired_bootstrap's for this benchmark, shared by every drafter; SR from the
+        # prompts every drafter timed (replayed tau decodes a subset for real), as there.
+        draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
+        timed = sorted(set(prompt_ids).intersection(*(_timed_prompts(d[benchmark]) for d in drafters)))
+        if timed != prompt_ids:
+            timed_draws = generator.integers(0, max(len(timed), 1), size=(resamples, len(timed)))
+            if metric == "speedup":
+                prompt_ids, draws = timed, timed_draws
+        sums = np.stack([_prompt_sums(d[benchmark], prompt_ids) for d in drafters])  # [drafters, prompts, 4]
+        point = w @ _statistics(sums)[metric]
+        boot = w @ _statistics(sums[:, draws])[metric]  # [drafters, resamples] -> [resamples]
+        widen = math.sqrt(len(prompt_ids) / (len(prompt_ids) - 1)) if len(prompt_ids) > 1 else math.nan
+        points.append(point)
+        resampled.append(point + widen * (boot - point))
+        prompts += len(prompt_ids)
+    value = float(np.mean(points))
+    contrasts = np.mean(resampled, axis=0)
+    low, high = np.quantile(contrasts, [tail, 1.0 - tail]) if np.isfinite(contrasts).all() else (math.nan, math.nan)
+    return {"value": value, "ci_low": float(low), "ci_high": float(high), "num_prompts": prompts,
+            "resamples": resamples}
+
+
 def _row(benchmark, metric, value, reference, differences, tail, prompts, resamples, split, seed_counts) -> dict:
     low, high = np.quantile(differences, [tail, 1.0 - tail]) if np.isfinite(differences).all() else (math.nan, math.nan)
     return {

@@ -138,3 +138,12 @@ def test_slurm_profile_settings():
     assert profile["default-resources"]["slurm_partition"] == "$SLURM_PARTITION"
     local = yaml.safe_load((REPO / "workflow" / "profiles" / "local" / "profile.yaml").read_text())
     assert local["resources"]["gpu"] >= 1 and "executor" not in local
+
+
+def test_the_default_profile_reruns_incomplete_jobs():
+    """README, "After a crash": `snakemake --unlock`, then the same command, which must rerun a job a kill
+    left incomplete. Snakemake 9 reads profiles/default/ next to the Snakefile (not under workflow/)."""
+    profile = yaml.safe_load((REPO / "profiles" / "default" / "profile.yaml").read_text())
+    assert profile == {"rerun-incomplete": True}
+    for name in ("local", "slurm"):  # an explicit profile replaces the default one: it sets the key too
+        assert yaml.safe_load((REPO / "workflow" / "profiles" / name / "profile.yaml").read_text())["rerun-incomplete"]

@@ -1,6 +1,6 @@
 """No secrets: what is guaranteed, tested where credentials could leak.
 
-The guarantee (README, "What the pipeline guarantees"): dpace never takes a credential as a value.
+The guarantee (docs/guarantees.md, "What the pipeline guarantees"): dpace never takes a credential as a value.
 Hub access (gated targets, data sets) authenticates through huggingface_hub's own lookup of
 ``HF_TOKEN`` / its token cache: dpace passes no ``token`` argument and reads no token variable,
 so a token never reaches target.json, run configs or summaries. The config has no place for a

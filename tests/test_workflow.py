@@ -3,11 +3,26 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shlex
+import signal
+import subprocess
+import time
 
 import pandas as pd
 import pytest
-from workflow_runs import BENCHMARKS, SECRET, SMOKE, TEMPERATURES, planned_jobs, snakemake, write_config
+from workflow_runs import (
+    BENCHMARKS,
+    REPO,
+    SECRET,
+    SMOKE,
+    TEMPERATURES,
+    planned_jobs,
+    snakemake,
+    snakemake_command,
+    write_config,
+)
 
 # Every test here runs Snakemake (a real run of the smoke DAG, or dry runs): `-m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
@@ -215,3 +230,68 @@ def test_a_training_seed_trains_the_drafters_again_on_the_same_answers(smoke_run
     assert (drafters / first.id / "steps.jsonl").stat().st_mtime_ns == before  # the first run is kept
     # Setting it to the run's own seed names nothing new.
     assert planned_jobs(snakemake(workdir, write_config(workdir, **{"train.seed": SMOKE["seed"]}), "-n", "all")) == {}
+
+
+def test_smoke_scorecard_lists_every_claim(smoke_run):
+    """`all` builds results/findings.md: every claim of workflow/claims.yaml has a row and a verdict."""
+    from dpace.findings import VERDICTS, read_claims
+
+    workdir, _ = smoke_run
+    page = (workdir / "results" / "findings.md").read_text()
+    for claim in read_claims(REPO / "workflow" / "claims.yaml"):
+        row = next(line for line in page.splitlines() if line.startswith(f"| `{claim['id']}`"))
+        assert any(f"**{verdict}**" in row for verdict in VERDICTS), row
+    assert "**not run**" in page  # the smoke config has no other target: Table 2's claims
+
+
+def readme_recovery_steps() -> list[list[str]]:
+    """The commands of the README's "After a crash" section, as argument lists."""
+    readme = (REPO / "README.md").read_text()
+    section = readme.split("\n## After a crash", 1)[1].split("\n## ", 1)[0]
+    block = section.split("```bash\n", 1)[1].split("```", 1)[0]
+    return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.split("#", 1)[0].strip()]
+
+
+def test_a_run_killed_during_training_finishes_after_the_readmes_steps(smoke_run, tmp_path):
+    """SIGKILL a real run's whole process group while a drafter trains (a crash, an OOM kill, a closed
+    laptop), then do exactly what the README says: the run finishes, equal to the uninterrupted one."""
+    workdir, _ = smoke_run
+    steps = readme_recovery_steps()
+    main_command = ["snakemake", "--cores", "all", "results/table_main.tex"]
+    assert steps == [["snakemake", "--unlock"], main_command], steps
+    drafter = next(v for v in sorted((workdir / "results" / "drafters" / "tiny").iterdir())
+                   if v.name.startswith("dflash-") and "-b4-" in v.name).name
+    # One drafter's evaluation: every stage up to evaluation, and the smallest DAG that trains.
+    target = f"results/eval/tiny/{drafter}/epoch-{SMOKE['train']['epochs']}/full/summary.json"
+    config = write_config(tmp_path)
+    command, env = snakemake_command(tmp_path, config, target)
+    run = subprocess.Popen(command, env=env, stdout=subprocess.DEVNULL, stderr=subprocess.DEVNULL,
+                           start_new_session=True)  # its own process group: Snakemake and its jobs
+    training_log = tmp_path / "results" / "logs" / "train" / "tiny" / f"{drafter}.log"
+    deadline = time.monotonic() + 600
+    while not training_log.exists() and run.poll() is None and time.monotonic() < deadline:
+        time.sleep(0.05)
+    os.killpg(run.pid, signal.SIGKILL)
+    run.wait()
+    assert training_log.exists(), "the run ended before training started"
+    assert not (tmp_path / "results" / "drafters" / "tiny" / drafter / "summary.json").exists()
+    # Without the README's first step the same command stops on the killed run's lock.
+    locked = snakemake(tmp_path, config, target)
+    assert locked.returncode != 0 and "--unlock" in locked.stdout + locked.stderr, locked.stderr[-3000:]
+    # The README's steps: each README command is the killed command with the README's arguments instead
+    # of `--cores all results/table_main.tex` (the test's own config, workdir and target stay).
+    for step in steps:
+        args = [target] if step == main_command else step[1:]
+        result = snakemake(tmp_path, config, *args)
+        assert result.returncode == 0, (step, result.stderr[-3000:])
+    evaluations = [json.loads((run_dir / "results" / target.removeprefix("results/")).read_text())
+                   for run_dir in (workdir, tmp_path)]
+    timing = ("speedup", "ar_tpot_s", "spec_tpot_s")
+    for first, second in zip(*evaluations, strict=True):
+        assert {k: v for k, v in first.items() if k not in (*timing, "requests")} == \
+            {k: v for k, v in second.items() if k not in (*timing, "requests")}
+        assert [r["tau"] for r in first["requests"]] == [r["tau"] for r in second["requests"]]
+    losses = [[json.loads(line)["loss"] for line in (run_dir / "results" / "drafters" / "tiny" / drafter /
+                                                    "steps.jsonl").read_text().splitlines()]
+              for run_dir in (workdir, tmp_path)]
+    assert losses[0] == losses[1]

@@ -26,6 +26,9 @@ def test_default_dry_run_shares_one_features_job(tmp_path, mirror):
     assert "results/features/smollm2-135m/sharegpt+codealpaca" in result.stdout
     assert jobs["train_drafter"] == 4 and jobs["evaluate"] == 4  # Table 1's four objectives at one depth
     assert jobs["benchmark_prompts"] == 6
+    # The default workflow profile (rerun-incomplete, for the README's way back after a crash) is found
+    # next to the Snakefile, whatever the working directory.
+    assert re.search(r"Using workflow specific profile (\S*/)?profiles/default ", result.stderr), result.stderr
 
 
 def test_rerunning_one_ablation_target_builds_only_ablation_drafters(tmp_path, mirror):

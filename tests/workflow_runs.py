@@ -34,13 +34,18 @@ def write_config(path: Path, name: str = "smoke.yaml", **overrides) -> Path:
 SECRET = "hf_dpace_canary_do_not_log"
 
 
-def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+def snakemake_command(workdir: Path, configfile: Path, *args: str) -> tuple[list[str], dict[str, str]]:
+    """The command line and environment of a Snakemake run of ``configfile`` in ``workdir``."""
     command = [
         sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
         "--configfile", str(configfile), "--replace-workflow-config", "--cores", "2", *args,
     ]
     # A hub token in the environment, as on a real cluster: it must never reach params, logs or results.
-    env = {**os.environ, "HF_TOKEN": SECRET}
+    return command, {**os.environ, "HF_TOKEN": SECRET}
+
+
+def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
+    command, env = snakemake_command(workdir, configfile, *args)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
 
 

@@ -1,4 +1,5 @@
 # Shared helpers: the variant registry (dpace.config) and paths. Imported by every stage file.
+import os
 import re
 import sys
 from pathlib import Path
@@ -104,7 +105,8 @@ def artifact_paths(names):
 
 
 def report_targets():
-    return artifact_paths(TABLES + FIGURES)
+    """Every configured table and figure, and the scorecard of the paper's claims (findings)."""
+    return artifact_paths(TABLES + FIGURES) + ([f"{RESULTS}/findings.md"] if "main" in EXPERIMENTS else [])
 
 
 def artifact_inputs(name):
@@ -122,6 +124,33 @@ def artifact_inputs(name):
         inputs["train_steps"] = f"{RESULTS}/metrics/main_train_steps.csv"
         inputs["train_runs"] = f"{RESULTS}/metrics/main_train_runs.csv"
     return inputs
+
+
+CLAIMS = os.path.join(workflow.basedir, "workflow", "claims.yaml")
+
+
+def built_metrics(wildcards):
+    """The scorecard's optional inputs: the metrics of the configured experiments other than Table 1's.
+
+    A run of `all` (named, or the default target) builds every experiment, so the scorecard waits for
+    all of them. Any other run takes those that already exist when the DAG is built, so asking for
+    results/findings.md never starts an experiment; the claims of the others are "not run". Either way a
+    later run that finds more of them built rebuilds the scorecard (its input set changed)."""
+    names = [f"{e}{suffix}" for e in EXPERIMENTS if e != "main" for suffix in (".csv", "_comparisons.csv")]
+    paths = [f"{RESULTS}/metrics/{name}" for name in names]
+    targets = set(workflow.dag_settings.targets)
+    if not targets or "all" in targets:
+        return paths
+    return [p for p in paths if os.path.exists(p)]
+
+
+def config_name():
+    """The run's config as the scorecard names it: its config files and any --config overrides."""
+    settings = workflow.config_settings
+    files = [] if settings.replace_workflow_config else ["config.yaml"]
+    files += [Path(f).name for f in settings.configfiles]
+    overrides = " ".join(f"{key}={value}" for key, value in settings.config.items())
+    return " + ".join(files) + (f" --config {overrides}" if overrides else "")
 
 
 def experiment_metadata(experiment):

@@ -102,6 +102,37 @@ rule render_figure:
         "../scripts/render_artifact.py"
 
 
+rule findings:
+    """The scorecard (dpace.findings): the claims of workflow/claims.yaml against what this results/ holds.
+
+    It needs only Table 1's metrics (and the training CSVs of Table 1's drafters, which cost seconds), so
+    `snakemake results/findings.md` never starts another experiment. Every other metrics file it reads is
+    an input when it already exists, or when the run is `all` (``built_metrics``): built experiments are
+    kept up to date and their changes rebuild the scorecard, and the claims of experiments never built
+    are "not run"."""
+    input:
+        claims=CLAIMS,
+        main=f"{RESULTS}/metrics/main_comparisons.csv",
+        train_steps=f"{RESULTS}/metrics/main_train_steps.csv",
+        others=built_metrics,
+    output:
+        findings=report(f"{RESULTS}/findings.md", caption="../report/findings.rst", category="Scorecard"),
+    log:
+        f"{RESULTS}/logs/report/findings.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/report/findings.tsv"
+    params:
+        results=lambda wildcards, output: os.path.dirname(output.findings),  # results/
+        code=script_fingerprint("findings.py"),
+    # The run's name, for the page only: a resource, not a param, so that the same results under another
+    # config file's name (or a new commit, which the script reads itself) do not rebuild the scorecard.
+    resources:
+        config_name=config_name(),
+    localrule: True
+    script:
+        "../scripts/findings.py"
+
+
 rule ablations:
     input:
         artifact_paths(["table_ablation", "fig_tau_trajectory"]),

@@ -1,0 +1,15 @@
+import sys
+
+sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+
+from dpace.findings import checkout_commit, write_findings
+
+found = write_findings(
+    snakemake.input.claims,
+    snakemake.params.results,
+    snakemake.output.findings,
+    config_name=snakemake.resources.config_name,
+    commit=checkout_commit(snakemake.scriptdir),
+)
+for finding in found:
+    print(finding.claim["id"], finding.cell, finding.verdict, finding.note)
