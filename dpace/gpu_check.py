@@ -132,6 +132,37 @@ def write_config(workdir: Path, mirror: Path, backends: dict, *, cpu: bool = Fal
     return path
 
 
+EMBEDDED_CONFIG = REPO / "workflow" / "configs" / "gpu-embedded.yaml"
+# gpu-embedded.yaml scaled down until it runs on a CPU in a minute or two: the check's tiny random target
+# (SmolLM2's tokenizer) for SmolLM2, one benchmark (MT-Bench: single- and multi-turn), one drafter, a few
+# prompts and steps, float32 / SDPA; it keeps the GPU config's whole vocabulary, full attention, 3 layers
+# and shared baseline.
+EMBEDDED_MINIATURE = {
+    "data": {"benchmarks": ["mt_bench"], "prompts_per_benchmark": 1,
+             "train_prompts": {"sharegpt": 6, "codealpaca": 2}, "max_prompt_chars": 1000},
+    "responses": {"max_new_tokens": 16, "batch_size": 8, "dtype": "float32"},
+    "features": {"batch_size": 8, "dtype": "float32"},
+    "train": {"epochs": 1, "num_anchors": 8, "precision": "fp32", "attention_backend": "sdpa", "micro_batch_size": 2},
+    "eval": {"max_new_tokens": 8, "dtype": "float32"},
+    "experiments": {"main": {"objectives": ["dpace"]}},
+}
+
+
+def embedded_config(workdir: Path, mirror: Path, *, cpu: bool = False, tokenizer: Path | None = None) -> Path:
+    """workflow/configs/gpu-embedded.yaml with the mirror given; with ``cpu``, its miniature."""
+    config = yaml.safe_load(EMBEDDED_CONFIG.read_text())
+    config["data"]["mirror"] = str(mirror)
+    if cpu:
+        for section, values in EMBEDDED_MINIATURE.items():
+            config[section].update(values)
+        name = config["main_target"]
+        config["targets"][name] = {"source": "random", "label": "Tiny-random", "num_layers": 6,
+                                   **CHECK_TARGET, **({"tokenizer": str(tokenizer)} if tokenizer else {})}
+    path = workdir / "gpu_embedded.yaml"
+    path.write_text(yaml.safe_dump(config, sort_keys=False))
+    return path
+
+
 def stage_times(workdir: Path) -> dict[str, float]:
     """Seconds per stage, summed over the jobs' Snakemake benchmark files."""
     times = {}
@@ -267,6 +298,29 @@ def training_comparison(*, cpu: bool, tokenizer: Path | None, workdir: Path) -> 
     return result
 
 
+def run_dag(config: Path, workdir: Path, target: str, *, cores, gpus: int, env: dict, times: dict, name: str):
+    """Snakemake to ``target`` with ``config`` in ``workdir``; prints the time per stage and tau / SR;
+    returns Snakemake's exit code and the evaluation rows."""
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
+               "--configfile", str(config), "--replace-workflow-config", "--cores", str(cores),
+               "--resources", f"gpu={max(gpus, 1)}", "--printshellcmds", "--", target]
+    print(f"\n== {name} ==", flush=True)
+    started = time.perf_counter()
+    result = subprocess.run(command, env=env, cwd=REPO)
+    times[name] = time.perf_counter() - started
+    print("\n== time per stage (s, summed over jobs) ==")
+    for stage, seconds in stage_times(workdir).items():
+        print(f"{stage:10s} {seconds:10.1f}")
+    print(f"{'wall':10s} {times[name]:10.1f}")
+    print("\n== tau and SR (mean over benchmarks) ==")
+    print(f"{'variant':40s} {'suite':10s} {'T':>4s} {'tau':>7s} {'SR':>7s} {'ties':>5s} {'failures':>8s} engine")
+    rows = eval_results(workdir)
+    for row in rows:
+        print(f"{row['variant']:40s} {row['suite']:10s} {row['T']:4g} {row['tau']:7.3f} {row['SR']:7.3f} "
+              f"{row['greedy_ties']:5d} {row['greedy_failures']:8d} {row['engine']}")
+    return result.returncode, rows
+
+
 # tau at T = 0 that the DAG's drafter must exceed: a drafter that learned nothing has exactly 1.0.
 MIN_TAU = 1.0
 
@@ -289,6 +343,8 @@ def main(argv=None) -> int:
     parser.add_argument("--no-training-check", action="store_true", help="skip part 2, the training comparison")
     parser.add_argument("--no-benchmarks", action="store_true", help="skip part 3, the two paper-shape benchmarks")
     parser.add_argument("--benchmark-timeout", type=int, default=120, help="seconds per benchmark")
+    parser.add_argument("--embedded", action="store_true",
+                        help="instead: Table 1 of workflow/configs/gpu-embedded.yaml (SmolLM2-135M; --cpu: its miniature)")
     args = parser.parse_args(argv)
 
     if args.save_tokenizer:
@@ -306,7 +362,7 @@ def main(argv=None) -> int:
     if not gpus and not args.cpu:
         print("gpu_check: no CUDA GPU visible (torch.cuda.is_available() is False); use --cpu to test the check")
         return 2
-    if not args.no_dag and not (args.mirror / "benchmarks").exists():
+    if (args.embedded or not args.no_dag) and not (args.mirror / "benchmarks").exists():
         print(f"gpu_check: data mirror {args.mirror} not found (this check runs offline); pass --mirror")
         return 2
     workdir = args.workdir or Path(tempfile.mkdtemp(prefix="dpace-gpu-check-"))
@@ -319,7 +375,7 @@ def main(argv=None) -> int:
     print(f"gpu_check: {gpus} GPU(s); backends {backends}; workdir {workdir}")
     for note in notes:
         print(f"gpu_check: {note}")
-    if not args.full:
+    if not args.full and not args.embedded:
         print("gpu_check: the quick cut leaves out:")
         for item in LEFT_OUT:
             print(f"  - {item}")
@@ -327,47 +383,41 @@ def main(argv=None) -> int:
     times: dict[str, float] = {}
     failures = []
 
-    if not args.no_dag:
+    if args.embedded:  # Table 1 of the embedded default on this GPU (gpu-embedded.yaml), nothing else
+        config = embedded_config(workdir, args.mirror.resolve(), cpu=args.cpu, tokenizer=tokenizer)
+        code, rows = run_dag(config, workdir, "results/table_main.tex", cores=args.cores, gpus=gpus, env=env,
+                             times=times, name="Table 1 of gpu-embedded.yaml" + (" (CPU miniature)" if args.cpu else ""))
+        if code:
+            failures.append(f"Table 1 (snakemake exit code {code}; job logs under {workdir}/results/logs)")
+        if (workdir / "results" / "table_main.tex").exists():
+            print(f"gpu_check: Table 1 is {workdir / 'results' / 'table_main.tex'}")
+    elif not args.no_dag:
         config = write_config(workdir, args.mirror.resolve(), backends, cpu=args.cpu, tokenizer=tokenizer,
                               full=args.full)
-        command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir),
-                   "--configfile", str(config), "--replace-workflow-config", "--cores", str(args.cores),
-                   "--resources", f"gpu={max(gpus, 1)}",
-                   "--printshellcmds", "--", args.target]
-        print("\n== smoke DAG ==", flush=True)
-        dag_started = time.perf_counter()
-        result = subprocess.run(command, env=env, cwd=REPO)
-        times["smoke DAG"] = time.perf_counter() - dag_started
-        print("\n== time per stage (s, summed over jobs) ==")
-        for stage, seconds in stage_times(workdir).items():
-            print(f"{stage:10s} {seconds:10.1f}")
-        print(f"{'wall':10s} {times['smoke DAG']:10.1f}")
-        print("\n== tau and SR (mean over benchmarks) ==")
-        print(f"{'variant':40s} {'suite':10s} {'T':>4s} {'tau':>7s} {'SR':>7s} {'ties':>5s} {'failures':>8s} engine")
-        rows = eval_results(workdir)
-        for row in rows:
-            print(f"{row['variant']:40s} {row['suite']:10s} {row['T']:4g} {row['tau']:7.3f} {row['SR']:7.3f} "
-                  f"{row['greedy_ties']:5d} {row['greedy_failures']:8d} {row['engine']}")
-        if result.returncode:
-            failures.append(f"smoke DAG (snakemake exit code {result.returncode}; job logs under {workdir}/results/logs)")
+        code, rows = run_dag(config, workdir, args.target, cores=args.cores, gpus=gpus, env=env, times=times,
+                             name="smoke DAG")
+        if code:
+            failures.append(f"smoke DAG (snakemake exit code {code}; job logs under {workdir}/results/logs)")
         elif any(row["greedy_failures"] for row in rows):
             failures.append("smoke DAG (a greedy T=0 stream parted from the target's beyond the tie margin)")
         elif not args.full and not all(row["tau"] > MIN_TAU for row in rows if row["T"] == 0):
             failures.append(f"smoke DAG (a drafter's tau at T=0 is not above {MIN_TAU}: it learned nothing)")
-    if not args.no_training_check:
+    if not args.no_training_check and not args.embedded:
         ok, _ = run_part("training comparison (bf16 + flex_attention against the CPU float32 reference)"
                          if not args.cpu else "training comparison (CPU bf16 autocast against the float32 reference)",
-                         600, lambda: training_comparison(cpu=args.cpu, tokenizer=tokenizer, workdir=workdir), times)
+                         900 if args.cpu else 240, lambda: training_comparison(cpu=args.cpu, tokenizer=tokenizer, workdir=workdir), times)
         if not ok:
             failures.append("training comparison")
-    if not args.no_benchmarks and not run_benchmarks(cpu=args.cpu, timeout_s=args.benchmark_timeout, times=times):
-        failures.append("a benchmark (its output is above)")
+    if not args.no_benchmarks and not args.embedded:
+        if not run_benchmarks(cpu=args.cpu, timeout_s=args.benchmark_timeout, times=times):
+            failures.append("a benchmark (its output is above)")
 
     total = time.perf_counter() - started
     print("\n== time of each part (s) ==")
     for name, seconds in times.items():
         print(f"{seconds:7.0f}  {name}")
-    print(f"{total:7.0f}  in all" + (" (over the 5-minute goal)" if total > 300 and not args.cpu else ""))
+    goal = 600 if args.embedded else 300  # seconds on one H200: docs/gpu.md's budgets
+    print(f"{total:7.0f}  in all" + (f" (over the {goal // 60}-minute goal)" if total > goal and not args.cpu else ""))
     if failures:
         for failure in failures:
             print(f"gpu_check: FAILED: {failure}")

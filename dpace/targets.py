@@ -122,7 +122,7 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
             tokenizer.save_pretrained(str(model_dir))
         record["path"] = "model"
     elif is_local_gguf(source):
-        gguf = Path(source).resolve()
+        gguf = Path(source).absolute()  # not resolve(): a symlink keeps its own name
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
         model = _gguf_model(str(gguf.parent), gguf.name)
         with atomic_folder(out_dir / "model") as model_dir:
