@@ -209,7 +209,8 @@ BENCHMARKS = [
     ("decoding vs dflash_generate", "bench_decoding",
      ["--preset", "qwen3-4b", "--device", "cuda", "--dtype", "bfloat16", "--block-size", "16", "--draft-layers", "3",
       "--max-new-tokens", "64", "--e2e-only", "--e2e-repeats", "1", "--warmup-tokens", "8"],
-     ["--preset", "qwen3-tiny", "--max-new-tokens", "16", "--e2e-only", "--e2e-repeats", "1", "--warmup-tokens", "4"]),
+     ["--preset", "qwen3-tiny", "--max-new-tokens", "16", "--e2e-only", "--e2e-repeats", "1", "--warmup-tokens", "4",
+      "--layout", "row-major"]),
 ]
 
 
