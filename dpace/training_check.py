@@ -70,7 +70,7 @@ TOLERANCE = 0.03
 
 def target_checksum_of(model) -> float:
     """A number that changes if the target's initial weights do (another torch or transformers)."""
-    return float(sum(p.double().abs().sum() for p in model.parameters()))
+    return float(sum(p.detach().double().abs().sum() for p in model.parameters()))
 
 
 def make_sequences(target, tokenizer, prompts: list[str], *, max_new_tokens: int, seed: int) -> list[dict]:
