@@ -50,7 +50,10 @@ PRESETS = {  # Qwen3 shapes; the drafter takes depth and block size from the fla
 
 
 def preset_models(args):
-    """A random Qwen3 target of the preset's shape and a random DFlash drafter, on ``args.device``."""
+    """A random Qwen3 target of the preset's shape and a random DFlash drafter, built directly on
+    ``args.device`` in ``args.dtype`` (a Qwen3-4B-sized target is 4B parameters: initialised in float32
+    first, then cast, it needed twice the memory and time). Both attend with SDPA, the only attention
+    the decoders (``dpace.decoding``, ``dflash_generate``) run."""
     from dflash.model import DFlashDraftModel
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -59,7 +62,7 @@ def preset_models(args):
     config._attn_implementation = "sdpa"
     torch.manual_seed(0)
     with torch.device(args.device):
-        target = Qwen3ForCausalLM(config).to(dtype).eval()
+        target = Qwen3ForCausalLM._from_config(config, dtype=dtype).eval()
     n = config.num_hidden_layers
     draft_config = drafter_config(
         config, depth=args.draft_layers, block_size=args.block_size,
@@ -67,7 +70,7 @@ def preset_models(args):
     )
     draft_config._attn_implementation = "sdpa"
     with torch.device(args.device):
-        drafter = DFlashDraftModel(draft_config).to(dtype).eval()
+        drafter = DFlashDraftModel._from_config(draft_config, dtype=dtype).eval()
     generator = torch.Generator().manual_seed(1)
     prompt_ids = torch.randint(0, config.vocab_size - 1, (args.prompt_tokens,), generator=generator).tolist()
     return target, drafter, prompt_ids
@@ -147,27 +150,32 @@ def step_costs(target, drafter, prompt_ids, context, repeats):
     return {name: (1e3 * statistics.median(t), 1e3 * min(t)) for name, t in results.items()}
 
 
-def end_to_end(target, drafter, prompt_ids, max_new_tokens, repeats, device="cpu"):
+def end_to_end(target, drafter, prompt_ids, max_new_tokens, repeats, device="cpu", warmup_tokens=None):
     """Generation of ``max_new_tokens`` (no stop token) with our code and with dflash_generate.
 
     Both use their own clocks (dflash 0.1.0's starts after the prefill, ours after the first draft
-    call, as DFlash's paper-era benchmark): ms per step is the comparable number.
+    call, as DFlash's paper-era benchmark): ms per step is the comparable number. The warm-up run of
+    each generates ``warmup_tokens`` (default: all ``max_new_tokens``); a few compile every kernel.
     """
     import dflash.model as dm
 
     if device == "cpu":
         dm._cuda_time = time.perf_counter  # dflash's timer synchronises CUDA; we are on the CPU
     ids = torch.tensor([prompt_ids], device=device)
-    runs = {
-        "ours AR": lambda: autoregressive_generate(target, ids, max_new_tokens=max_new_tokens, stop_token_ids=None),
-        "ours spec": lambda: speculative_generate(drafter, target, ids, max_new_tokens=max_new_tokens,
-                                                  stop_token_ids=None),
-        "dflash AR": lambda: dm.dflash_generate(drafter, target, ids, max_new_tokens, None, block_size=1,
-                                                return_stats=True),
-        "dflash spec": lambda: dm.dflash_generate(drafter, target, ids, max_new_tokens, None, return_stats=True),
-    }
-    for run in runs.values():  # warm-up
+
+    def generators(tokens):
+        return {
+            "ours AR": lambda: autoregressive_generate(target, ids, max_new_tokens=tokens, stop_token_ids=None),
+            "ours spec": lambda: speculative_generate(drafter, target, ids, max_new_tokens=tokens,
+                                                      stop_token_ids=None),
+            "dflash AR": lambda: dm.dflash_generate(drafter, target, ids, tokens, None, block_size=1,
+                                                    return_stats=True),
+            "dflash spec": lambda: dm.dflash_generate(drafter, target, ids, tokens, None, return_stats=True),
+        }
+
+    for run in generators(warmup_tokens or max_new_tokens).values():  # warm-up
         run()
+    runs = generators(max_new_tokens)
     stats = {name: [] for name in runs}
     for _ in range(repeats):
         for name, run in runs.items():
@@ -197,7 +205,7 @@ def greedy_agreement(target, drafter, prompt_ids, max_new_tokens, device="cpu") 
     return {**report, "verdict": divergence_verdict(report, GREEDY_TIE_MARGIN), "tie_margin": GREEDY_TIE_MARGIN}
 
 
-def main():
+def parse_args(argv=None) -> argparse.Namespace:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--target-json")
     parser.add_argument("--cache-dir", default=os.path.expanduser("~/.cache/dpace/smollm2-embedded"))
@@ -215,11 +223,19 @@ def main():
     parser.add_argument("--device", default="cpu", help="cpu or cuda (presets only)")
     parser.add_argument("--prompt-tokens", type=int, default=128, help="random prompt length (presets only)")
     parser.add_argument("--e2e-only", action="store_true", help="skip the per-step costs")
-    args = parser.parse_args()
-    if args.threads:
-        torch.set_num_threads(args.threads)
+    parser.add_argument("--warmup-tokens", type=int, default=None,
+                        help="tokens of each end-to-end warm-up run (default: --max-new-tokens)")
+    args = parser.parse_args(argv)
     if args.device != "cpu" and not args.preset:
         parser.error("--device applies to --preset targets")
+    return args
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Build the models, print the per-step and end-to-end costs; return the end-to-end summary and the
+    greedy check of the last layout."""
+    if args.threads:
+        torch.set_num_threads(args.threads)
 
     if args.preset:
         target, drafter, prompt_ids = preset_models(args)
@@ -231,6 +247,7 @@ def main():
           f"dtype {args.dtype}, B={args.block_size}, drafter {args.draft_layers} layer(s), "
           f"prompt {len(prompt_ids)} tokens, target {args.preset or 'from --target-json / embedded'}")
     print(f"load average before: {os.getloadavg()}")
+    result = {}
     layouts = ["row-major", "optimize_for_cpu"] if args.layout == "both" else [args.layout]
     if args.dtype != "float32" or args.device != "cpu":
         layouts = ["row-major"]  # optimize_for_cpu only re-lays out float32 CPU weights
@@ -246,7 +263,8 @@ def main():
             print(f"  verify / AR = {costs['verify'][0] / costs['ar'][0]:.2f}; (verify + draft) / AR = "
                   f"{spec / costs['ar'][0]:.2f}; predicted SR/tau = {costs['ar'][0] / spec:.2f}")
         if args.e2e_repeats:
-            e2e = end_to_end(target, drafter, prompt_ids, args.max_new_tokens, args.e2e_repeats, args.device)
+            e2e = end_to_end(target, drafter, prompt_ids, args.max_new_tokens, args.e2e_repeats, args.device,
+                             warmup_tokens=args.warmup_tokens)
             for name, row in e2e.items():
                 print(f"  {name:12s} TPOT {row['tpot_ms']:6.1f} ms, {row['ms_per_step']:6.1f} ms/step, "
                       f"tau {row['tau']:.2f}")
@@ -255,6 +273,7 @@ def main():
                 print(f"  {who:6s}: SR {speedup:.2f} at tau {e2e[f'{who} spec']['tau']:.2f} -> SR/tau = "
                       f"{speedup / e2e[f'{who} spec']['tau']:.2f}")
             agreement = greedy_agreement(target, drafter, prompt_ids, args.max_new_tokens, args.device)
+            result = {"end_to_end": e2e, "greedy": agreement}
             if agreement["verdict"] is None:
                 print(f"  greedy: speculative == autoregressive over {agreement['compared']} tokens")
             else:
@@ -262,6 +281,11 @@ def main():
                       f"target top-2 margin {agreement['top2_margin']:.4g} -> {agreement['verdict']} "
                       f"(tie below {agreement['tie_margin']:g})")
     print(f"load average after: {os.getloadavg()}")
+    return result
+
+
+def main(argv=None) -> None:
+    run(parse_args(argv))
 
 
 if __name__ == "__main__":

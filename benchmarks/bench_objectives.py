@@ -96,6 +96,13 @@ def parse_args(argv=None) -> argparse.Namespace:
 
 
 def build_modules(args):
+    """The drafter (SpecForge's ``DFlashDraftModel``), the frozen target LM head and embedding, built
+    directly on ``args.device`` (a Qwen3-4B-sized head and embedding are 389M parameters each: built on
+    the CPU first, their random initialisation alone took seconds). The drafter attends with
+    ``args.attention``: the ``OnlineDFlashModel`` wrapping it builds a flex_attention ``BlockMask`` or a
+    dense SDPA mask from the same setting, and the layers must consume the one it built (a hard-coded
+    ``sdpa`` passed the BlockMask into SDPA on an H200, issue 43). Weights stay float32 whatever
+    ``--precision`` says: bf16 autocasts the forward, as dpace's local trainer does."""
     torch.manual_seed(args.seed)
     heads = args.heads or max(1, args.hidden // 64)
     config = Qwen3Config(
@@ -111,41 +118,18 @@ def build_modules(args):
     config.num_target_layers = 30
     config.block_size = args.block_size
     config.dflash_config = {"target_layer_ids": [1, 15, 28], "mask_token_id": args.vocab - 1}
-    config._attn_implementation = "sdpa"
-    draft = DFlashDraftModel(config).to(args.device)
-    # The target's embedding and head are frozen in DFlash training.
-    embed = nn.Embedding(args.vocab, args.hidden).requires_grad_(False).to(args.device)
-    lm_head = nn.Linear(args.hidden, args.vocab, bias=False).requires_grad_(False).to(args.device)
+    config._attn_implementation = args.attention
+    with torch.device(args.device):
+        draft = DFlashDraftModel(config)
+        # The target's embedding and head are frozen in DFlash training.
+        embed = nn.Embedding(args.vocab, args.hidden).requires_grad_(False)
+        lm_head = nn.Linear(args.hidden, args.vocab, bias=False).requires_grad_(False)
     return draft, lm_head, embed
 
 
-def build_batch(args):
-    generator = torch.Generator().manual_seed(args.seed + 1)
-    shape = (args.batch, args.seq_len)
-    input_ids = torch.randint(0, args.vocab - 1, shape, generator=generator)
-    hidden_states = torch.randn(*shape, 3 * args.hidden, generator=generator)
-    target_last_hidden_states = torch.randn(*shape, args.hidden, generator=generator)
-    loss_mask = torch.ones(*shape)
-    loss_mask[:, : args.seq_len // 8] = 0  # a prompt
-    batch = input_ids, hidden_states, loss_mask, target_last_hidden_states
-    return tuple(t.to(args.device) for t in batch)
-
-
-def sync(device: str) -> None:
-    if device.startswith("cuda"):
-        torch.cuda.synchronize()
-
-
-def main() -> None:
-    args = parse_args()
-    if args.threads > 0:
-        torch.set_num_threads(args.threads)
-    # Products of many small probabilities (accept-rate's S~, pard2-cat's weights at random
-    # init) reach subnormal floats; x86 CPUs compute on those ~100x slower, GPUs do not.
-    # Flushing them measures the objectives, not that CPU artefact.
-    flush_denormal = not args.keep_denormals and torch.set_flush_denormal(True)
-    draft, lm_head, embed = build_modules(args)
-    input_ids, hidden_states, loss_mask, target_states = build_batch(args)
+def objective_models(args, draft, lm_head, embed) -> dict[str, nn.Module]:
+    """Every timed training wrapper around the one shared drafter: ours per objective, and SpecForge's
+    own dflash and dpace, each building the attention mask of ``args.attention``."""
     common = dict(
         draft_model=draft,
         target_lm_head=lm_head,
@@ -160,6 +144,39 @@ def main() -> None:
     }
     models["specforge:dflash"] = OnlineDFlashModel(loss_type="dflash", loss_decay_gamma=4.0, **common)
     models["specforge:dpace"] = OnlineDFlashModel(loss_type="dpace", **common)
+    return models
+
+
+def build_batch(args):
+    """Random tokens and target features, drawn on ``args.device`` (seeded there: CUDA draws other
+    numbers than the CPU for the same seed, which does not matter for timing)."""
+    generator = torch.Generator(args.device).manual_seed(args.seed + 1)
+    shape = (args.batch, args.seq_len)
+    with torch.device(args.device):
+        input_ids = torch.randint(0, args.vocab - 1, shape, generator=generator)
+        hidden_states = torch.randn(*shape, 3 * args.hidden, generator=generator)
+        target_last_hidden_states = torch.randn(*shape, args.hidden, generator=generator)
+        loss_mask = torch.ones(*shape)
+    loss_mask[:, : args.seq_len // 8] = 0  # a prompt
+    return input_ids, hidden_states, loss_mask, target_last_hidden_states
+
+
+def sync(device: str) -> None:
+    if device.startswith("cuda"):
+        torch.cuda.synchronize()
+
+
+def run(args: argparse.Namespace) -> dict:
+    """Time every objective's step (and its loss alone); print the table; return the medians in ms."""
+    if args.threads > 0:
+        torch.set_num_threads(args.threads)
+    # Products of many small probabilities (accept-rate's S~, pard2-cat's weights at random
+    # init) reach subnormal floats; x86 CPUs compute on those ~100x slower, GPUs do not.
+    # Flushing them measures the objectives, not that CPU artefact.
+    flush_denormal = not args.keep_denormals and torch.set_flush_denormal(True)
+    draft, lm_head, embed = build_modules(args)
+    input_ids, hidden_states, loss_mask, target_states = build_batch(args)
+    models = objective_models(args, draft, lm_head, embed)
 
     optimizer = torch.optim.AdamW(draft.parameters(), lr=6e-4) if args.optimizer == "adamw" else None
     autocast = (torch.autocast(device_type=torch.device(args.device).type, dtype=torch.bfloat16)
@@ -189,12 +206,14 @@ def main() -> None:
 
     # The objective alone (forward + backward of block_loss on fixed logits): the part of a
     # step that differs between objectives, without the shared model's noise.
-    generator = torch.Generator().manual_seed(args.seed + 2)
+    # Drawn on the device: the paper shape's two [2, 512, 16, 151936] logits tensors hold 2.5e9 floats each.
+    generator = torch.Generator(args.device).manual_seed(args.seed + 2)
     shape = (args.batch, args.anchors, args.block_size)
-    draft_logits = torch.randn(*shape, args.vocab, generator=generator).to(args.device).requires_grad_(True)
-    target_logits = torch.randn(*shape, args.vocab, generator=generator).to(args.device)
-    target_ids = torch.randint(0, args.vocab, shape, generator=generator).to(args.device)
-    valid = torch.ones(shape, dtype=torch.bool, device=args.device)
+    with torch.device(args.device):
+        draft_logits = torch.randn(*shape, args.vocab, generator=generator).requires_grad_(True)
+        target_logits = torch.randn(*shape, args.vocab, generator=generator)
+        target_ids = torch.randint(0, args.vocab, shape, generator=generator)
+        valid = torch.ones(shape, dtype=torch.bool)
     valid[..., 0] = False
 
     def loss_only(name: str) -> tuple[float, float]:
@@ -243,6 +262,12 @@ def main() -> None:
         else:
             row += "| n/a | n/a |"
         print(row)
+    return {name: {"step_ms": 1000 * median(steps[name], 0),
+                   "ratio_wall": paired_ratio(steps[name], steps["dflash"], 0)} for name in names}
+
+
+def main(argv=None) -> None:
+    run(parse_args(argv))
 
 
 def interleaved(names, measure, reps):

