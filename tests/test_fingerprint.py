@@ -116,7 +116,7 @@ def test_every_rule_fingerprints_the_script_it_runs():
             if not script:
                 continue
             rules += 1
-            fingerprints = re.findall(r'code=script_fingerprint\("([\w.]+)"\)', block)
+            fingerprints = re.findall(r'code=(?:lambda wildcards: )?script_fingerprint\("([\w.]+)"[,)]', block)
             assert fingerprints == [script.group(1)], f"{smk.name}: {block.split(':')[0]}"
     assert rules >= 12
 
@@ -153,3 +153,67 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
             path.write_text(source)
         # io is imported by every stage, so everything upstream of the features reruns as well.
         assert (jobs.get("features", 0), bool(jobs)) == (planned.get("features", 0), bool(planned)), (module, jobs)
+
+
+LINDECAY_FUNCTION = '''
+
+# A linear position decay, w_j = 1 - (j-1)/B.
+def _lindecay_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    positions = torch.arange(valid.shape[-1], device=valid.device, dtype=confidence.dtype)
+    return (1 - (positions - 1).clamp(min=0) / valid.shape[-1]) * valid.to(confidence.dtype)
+'''
+LINDECAY_RECORD = '''
+    Objective("lindecay", "Linear decay", {}, "weight", _lindecay_weights, table_rank=2, color="#bcbd22",
+              caption="weights position $j$ by $1-(j-1)/B$"),
+)}'''
+
+
+def with_lindecay(source: str) -> str:
+    """dpace/objectives.py with the recipe of docs/objectives.md applied: one weight function, one record."""
+    registry = source.index("# --------------------------------------------------------------------------- the registry")
+    source = source[:registry] + LINDECAY_FUNCTION.lstrip("\n") + "\n\n" + source[registry:]
+    end = source.index("\n)}", source.index("REGISTRY: dict[str, Objective]"))
+    return source[:end] + LINDECAY_RECORD + source[end + len("\n)}"):]
+
+
+def test_training_fingerprints_cover_only_the_objective_they_train(package_copy):
+    """Training's fingerprint covers dpace.objectives' shared code and its own objective's record and weight
+    function: a new objective, or an edit to another one's formula, leaves it alone."""
+    from dpace.objectives import OBJECTIVES
+
+    script = REPO / "workflow" / "scripts" / "train_drafter.py"
+    report = REPO / "workflow" / "scripts" / "render_artifact.py"
+    path = package_copy / "objectives.py"
+    source = path.read_text()
+
+    def fingerprints(edited: str) -> dict[str, str]:
+        path.write_text(edited)
+        try:
+            prints = {o: script_fingerprint(script, package_copy, objective=o) for o in OBJECTIVES}
+            if "lindecay" in edited:
+                prints["lindecay"] = script_fingerprint(script, package_copy, objective="lindecay")
+            return {**prints, "report": script_fingerprint(report, package_copy)}
+        finally:
+            path.write_text(source)
+
+    before = fingerprints(source)
+    assert len(set(before.values())) == len(before)  # one fingerprint per objective
+
+    def changed(edited: str) -> set[str]:
+        after = fingerprints(edited)
+        return {name for name in before if after[name] != before[name]} | (set(after) - set(before))
+
+    assert changed(with_lindecay(source)) == {"lindecay", "report"}
+    dflash_formula = 'return torch.exp(-(positions - 1).clamp(min=0) / hparams["gamma"])'
+    assert changed(source.replace(dflash_formula, dflash_formula.replace('hparams["gamma"]', '(2 * hparams["gamma"])'))) \
+        == {"dflash", "report"}
+    # D-PACE's and D-PAKL's records name the same weight function.
+    full = 'return _dpace_weights(confidence, valid, hparams["alpha"], "full")'
+    assert changed(source.replace(full, full.replace('hparams["alpha"]', 'hparams["alpha"] / 2'))) \
+        == {"dpace", "dpakl", "report"}
+    # A record's own fields are its code too; the code every objective shares reruns every drafter.
+    assert changed(source.replace('aliases=("dpace-cumulative-confidence-only",), ', "")) == {"dpace-cumulative", "report"}
+    shared = "smoothed = (1.0 - alpha) * confidence + alpha"
+    assert changed(source.replace(shared, "smoothed = (1.0 - alpha) * confidence + alpha * 1.0")) == set(before)
+    # A comment is not code: it reruns nothing that is fingerprinted per objective.
+    assert changed(source.replace("# Views of the registry", "# Views (all of them) of the registry")) == {"report"}
