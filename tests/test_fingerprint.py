@@ -155,30 +155,12 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
         assert (jobs.get("features", 0), bool(jobs)) == (planned.get("features", 0), bool(planned)), (module, jobs)
 
 
-LINDECAY_FUNCTION = '''
-
-# A linear position decay, w_j = 1 - (j-1)/B.
-def _lindecay_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
-    positions = torch.arange(valid.shape[-1], device=valid.device, dtype=confidence.dtype)
-    return (1 - (positions - 1).clamp(min=0) / valid.shape[-1]) * valid.to(confidence.dtype)
-'''
-LINDECAY_RECORD = '''
-    Objective("lindecay", "Linear decay", {}, "weight", _lindecay_weights, table_rank=2, color="#bcbd22",
-              caption="weights position $j$ by $1-(j-1)/B$"),
-)}'''
-
-
-def with_lindecay(source: str) -> str:
-    """dpace/objectives.py with the recipe of docs/objectives.md applied: one weight function, one record."""
-    registry = source.index("# --------------------------------------------------------------------------- the registry")
-    source = source[:registry] + LINDECAY_FUNCTION.lstrip("\n") + "\n\n" + source[registry:]
-    end = source.index("\n)}", source.index("REGISTRY: dict[str, Objective]"))
-    return source[:end] + LINDECAY_RECORD + source[end + len("\n)}"):]
-
 
 def test_training_fingerprints_cover_only_the_objective_they_train(package_copy):
     """Training's fingerprint covers dpace.objectives' shared code and its own objective's record and weight
     function: a new objective, or an edit to another one's formula, leaves it alone."""
+    from workflow_runs import with_lindecay
+
     from dpace.objectives import OBJECTIVES
 
     script = REPO / "workflow" / "scripts" / "train_drafter.py"

@@ -3,11 +3,25 @@
 from __future__ import annotations
 
 import json
+import os
 import re
+import shutil
+import subprocess
+import sys
 
 import pandas as pd
 import pytest
-from workflow_runs import BENCHMARKS, SECRET, SMOKE, TEMPERATURES, planned_jobs, snakemake, write_config
+from workflow_runs import (
+    BENCHMARKS,
+    REPO,
+    SECRET,
+    SMOKE,
+    TEMPERATURES,
+    planned_jobs,
+    snakemake,
+    with_lindecay,
+    write_config,
+)
 
 # Every test here runs Snakemake (a real run of the smoke DAG, or dry runs): `-m "not slow"` leaves them out.
 pytestmark = pytest.mark.slow
@@ -215,3 +229,58 @@ def test_a_training_seed_trains_the_drafters_again_on_the_same_answers(smoke_run
     assert (drafters / first.id / "steps.jsonl").stat().st_mtime_ns == before  # the first run is kept
     # Setting it to the run's own seed names nothing new.
     assert planned_jobs(snakemake(workdir, write_config(workdir, **{"train.seed": SMOKE["seed"]}), "-n", "all")) == {}
+
+
+def planned_variants(result: subprocess.CompletedProcess) -> dict[str, set[str]]:
+    """{rule: the variants its planned jobs are for} of a dry run (jobs without a variant are left out)."""
+    planned: dict[str, set[str]] = {}
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", result.stdout + result.stderr):
+        rule = re.match(r"(?:local)?rule (\w+):", block)
+        variant = re.search(r"^\s+wildcards:.*\bvariant=([^,\s]+)", block, re.M)
+        if rule and variant:
+            planned.setdefault(rule.group(1), set()).add(variant.group(1))
+    return planned
+
+
+REPORT_RULES = {"experiment_metrics", "experiment_training", "local_blocks", "render_table", "render_figure"}
+
+
+def test_a_new_objective_reruns_only_itself(smoke_run, tmp_path):
+    """Issue 44: on a finished results/, a new objective (docs/objectives.md's recipe: one weight function, one
+    record, one config line) in a scratch copy of the code plans its own drafter and evaluations plus the
+    reports, and nothing of the other objectives; an edit to DFlash's formula retrains DFlash's drafters only."""
+    from dpace.config import all_variants
+
+    workdir, _ = smoke_run
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "tests"))
+    objectives = repo / "dpace" / "objectives.py"
+    source = objectives.read_text()
+
+    def dry_run(code: str, **overrides) -> subprocess.CompletedProcess:
+        objectives.write_text(code)
+        command = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-d", str(workdir),
+                   "--configfile", str(write_config(tmp_path, **overrides)), "--replace-workflow-config",
+                   "--cores", "2", "-n", "all"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+
+    assert planned_jobs(dry_run(source)) == {}  # the scratch copy itself changes nothing
+
+    extras = [*SMOKE["experiments"]["extras"]["objectives"], "lindecay"]
+    added = dry_run(with_lindecay(source), **{"experiments.extras.objectives": extras})
+    jobs = planned_jobs(added)
+    assert jobs["train_drafter"] == 1 and jobs["evaluate"] >= 1 and set(jobs) <= {"train_drafter", "evaluate",
+                                                                                     "all", *REPORT_RULES}, jobs
+    variants = planned_variants(added)
+    (new,) = variants["train_drafter"]
+    assert new.startswith("lindecay-") and variants["evaluate"] == {new}, variants
+
+    dflash = {v.id for v in all_variants(SMOKE).values() if v.objective == "dflash"}
+    formula = 'return torch.exp(-(positions - 1).clamp(min=0) / hparams["gamma"])'
+    assert formula in source
+    edited = dry_run(source.replace(formula, formula.replace('hparams["gamma"]', '(2 * hparams["gamma"])')))
+    jobs = planned_jobs(edited)
+    assert jobs["train_drafter"] == len(dflash) and set(jobs) <= {"train_drafter", "evaluate", "all", *REPORT_RULES}
+    variants = planned_variants(edited)
+    assert variants["train_drafter"] == dflash and variants["evaluate"] <= dflash, variants
