@@ -688,9 +688,9 @@ def _temperatures(rows: pd.DataFrame, experiment: str, temperatures: Sequence[fl
 
 
 TARGET_PROB_LABELS: dict[str, str] = {
-    "dflash": "DFlash (decayed-CE)",
-    "dpace-target-prob": "D-PACE (target prob)",
-    "dpace": r"\textbf{D-PACE (draft prob)}",
+    "dflash": REGISTRY["dflash"].comparison_label(),
+    "dpace-target-prob": REGISTRY["dpace-target-prob"].display_label(),
+    "dpace": r"\textbf{D-PACE (draft prob)}",  # Table 6's own contrast with the target-probability variant
 }
 
 
@@ -770,7 +770,7 @@ def table_normalization(
     def label_of(k: tuple) -> str:
         obj, norm = k
         if obj == "dflash":
-            return "DFlash (decayed-CE)"
+            return objective_record_of("dflash").comparison_label()
         return f"{objective_label(obj)} ({tex_escape(norm)})"
 
     caption = (
@@ -851,7 +851,7 @@ def table_training_time(
     require_columns(train_runs, TRAIN_RUN_COLUMNS, "train_runs")
     runs = _select_timing_runs(train_runs, variants, metrics)
     by_obj = {o: runs[runs["objective"] == o].iloc[0] for o in ("dflash", "dpace") if (runs["objective"] == o).any()}
-    labels = {"dflash": "DFlash (decayed-CE)", "dpace": r"\textbf{D-PACE}"}
+    labels = {"dflash": objective_record_of("dflash").comparison_label(), "dpace": r"\textbf{D-PACE}"}
     header = ["Method", "per epoch", "per iteration", "per optimizer step"]
     body = [r"\toprule", _row(header), r"\midrule"]
 
