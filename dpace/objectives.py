@@ -315,7 +315,7 @@ class Objective:
     aliases: tuple[str, ...] = ()  # other spellings (SpecForge 0.2.0's loss_type values)
     table_rank: int = 0  # row order in every table and figure legend (D-PACE last, as in the paper)
     loss: str = "ce"  # what the weights multiply, one of LOSSES
-    color: str | None = None  # its line/bar colour in the figures (matplotlib); a figure refuses an objective without
+    color: str | None = None  # line colour in the figures (matplotlib); a figure refuses to draw one without
     # What sets it apart where close variants stand side by side (Table 3, Figure 3c): "DFlash (decayed-CE)".
     detail: str = ""
     # How a caption introduces it after its quoted label (LaTeX): "``Top-$k$ prefix mask'' is the hard-mask
