@@ -84,23 +84,30 @@ def objective_sources(source: str) -> tuple[str, dict[str, str]]:
     """``dpace.objectives``'s code split into (the code every objective shares, {objective: its own code}).
 
     An objective's own code is its ``Objective("<name>", ...)`` record in the registry plus the module-level
-    weight function the record names (a function two records name, like D-PACE's and D-PAKL's, belongs to
-    both); the shared code is everything else. Both are compared as syntax trees (``ast.dump``), so comments,
+    weight function the record names, with any other record's weight function that one calls (a function two
+    records reach, like D-PACE's and D-PAKL's, belongs to both); the shared code is everything else. Both are compared as syntax trees (``ast.dump``), so comments,
     blank lines and where a record sits do not count: a new record and its function leave the shared code as
     it was. Any code that is not a record or a weight function stays shared, so nothing escapes the fingerprint.
     """
     tree = ast.parse(source)
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    own: dict[str, str] = {}
-    weight_functions = set()
+    named = {}  # record -> the module-level function its ``weights`` names, if any
     for record in (node for node in ast.walk(tree) if _is_record(node)):
         weights = record.args[4] if len(record.args) > 4 else next(
             (keyword.value for keyword in record.keywords if keyword.arg == "weights"), None)
-        parts = [ast.dump(record)]
-        if isinstance(weights, ast.Name) and weights.id in functions:
-            weight_functions.add(weights.id)
-            parts.append(ast.dump(functions[weights.id]))
-        own[record.args[0].value] = "\n".join(parts)
+        named[record] = weights.id if isinstance(weights, ast.Name) and weights.id in functions else None
+    weight_functions = {name for name in named.values() if name}
+    own: dict[str, str] = {}
+    for record, function in named.items():
+        # Its weight function and every other weight function that one calls (those are cut from the shared code).
+        reached, todo = [], [function] if function else []
+        while todo:
+            name = todo.pop()
+            if name not in reached:
+                reached.append(name)
+                todo += [node.id for node in ast.walk(functions[name])
+                         if isinstance(node, ast.Name) and node.id in weight_functions]
+        own[record.args[0].value] = "\n".join([ast.dump(record), *(ast.dump(functions[name]) for name in reached)])
     tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name in weight_functions)]
     return ast.dump(_WithoutRecords().visit(tree)), own
 

@@ -199,3 +199,30 @@ def test_training_fingerprints_cover_only_the_objective_they_train(package_copy)
     assert changed(source.replace(shared, "smoothed = (1.0 - alpha) * confidence + alpha * 1.0")) == set(before)
     # A comment is not code: it reruns nothing that is fingerprinted per objective.
     assert changed(source.replace("# Views of the registry", "# Views (all of them) of the registry")) == {"report"}
+
+
+def test_a_weight_function_that_calls_another_objectives_owns_it_too():
+    from dpace.fingerprint import objective_sources
+
+    source = """
+def _helper(x):
+    return x
+
+
+def _a_weights(x):
+    return _helper(x)
+
+
+def _b_weights(x):
+    return 2 * _a_weights(x)
+
+
+REGISTRY = (Objective("a", "A", {}, "weight", _a_weights), Objective("b", "B", {}, "weight", weights=_b_weights))
+"""
+    shared, own = objective_sources(source)
+    edited_a = objective_sources(source.replace("return _helper(x)", "return _helper(x) + 1"))
+    assert edited_a[0] == shared and edited_a[1]["a"] != own["a"] and edited_a[1]["b"] != own["b"]
+    edited_b = objective_sources(source.replace("return 2 * _a_weights(x)", "return 3 * _a_weights(x)"))
+    assert edited_b[0] == shared and edited_b[1]["a"] == own["a"] and edited_b[1]["b"] != own["b"]
+    edited_helper = objective_sources(source.replace("    return x\n", "    return -x\n"))
+    assert edited_helper[0] != shared
