@@ -28,6 +28,7 @@ from matplotlib.figure import Figure
 
 from dpace import metrics_frame, tables
 from dpace.io import atomic_file
+from dpace.objectives import REGISTRY
 
 __all__ = [
     "STYLE",
@@ -36,6 +37,7 @@ __all__ = [
     "fig_weight_dynamics",
     "motivation_data",
     "motivation_figure",
+    "objective_color",
     "per_step_weights",
     "save_figure",
     "surrogate_bins",
@@ -60,15 +62,19 @@ STYLE: dict[str, object] = {
     "svg.fonttype": "none",
 }
 PNG_DPI = 150
-DFLASH_COLOR = "#d62728"
-DPACE_COLOR = "#1f77b4"
-OBJECTIVE_COLORS = {
-    "dflash": DFLASH_COLOR,
-    "dpace-continuation": "#ff7f0e",
-    "dpace-cumulative": "#2ca02c",
-    "dpace": DPACE_COLOR,
-}
+# Each objective's colour is in its record (dpace.objectives.REGISTRY).
+DFLASH_COLOR = REGISTRY["dflash"].color
+DPACE_COLOR = REGISTRY["dpace"].color
 _WEIGHT_COL = re.compile(r"^w_(\d+)$")
+
+
+def objective_color(objective: str) -> str:
+    """The colour of an objective's lines, from its record; one without a colour is an error naming it."""
+    record = tables.objective_record_of(objective)
+    if not record.color:
+        raise ValueError(f"objective {objective!r} has no colour in its record (dpace.objectives.REGISTRY, field "
+                         "color): no figure can draw it")
+    return record.color
 
 
 def save_figure(fig: Figure, out_pdf: str | Path, out_png: str | Path, *, dpi: int = PNG_DPI) -> tuple[Path, Path]:
@@ -378,13 +384,10 @@ def tau_trajectory_figure(
         for ci, cfg in enumerate(configs):
             sub = traj[metrics_frame.config_mask(traj, cfg)]
             suffix = "" if len(configs) == 1 else f" [{cfg[0]}, {int(cfg[1])}L, B={int(cfg[2])}]"
-            for obj in tables.ABLATION_OBJECTIVES:
+            for obj in tables.sort_objectives(sub["objective"].unique()):
                 line = sub[sub["objective"] == obj].sort_values("epoch")
-                if line.empty:
-                    continue
-                label = tables.ABLATION_LABELS[obj].replace(r"\textbf{", "").replace("}", "")
                 ax.plot(line["epoch"], line["tau"], marker="o", ms=4, lw=1.8, ls=styles[ci % len(styles)],
-                        color=OBJECTIVE_COLORS[obj], label=label + suffix)
+                        color=objective_color(obj), label=tables.objective_record_of(obj).comparison_label() + suffix)
         ax.set_xlabel("Training epoch")
         ax.set_ylabel(f"{bname} $\\tau$ (tokens / step), $T={temperature:g}$")
         ax.set_xticks(sorted(traj["epoch"].astype(int).unique()))

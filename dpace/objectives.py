@@ -34,6 +34,11 @@ from torch import Tensor
 
 NORMALIZATIONS: tuple[str, ...] = ("batch", "anchor", "weight", "token")
 
+# What the weights multiply (``Objective.loss``): "ce" is CE_j = -log q_j; "target-ce" is
+# C_j = -sum_x p_j(x) log q_psi(x) against the target's distribution p_j (D-PAKL); "surrogate"
+# ascends S~ itself, with gradient through q (accept-rate; its weights are diagnostics only).
+LOSSES: tuple[str, ...] = ("ce", "target-ce", "surrogate")
+
 # The smoothing alpha of the D-PACE family (q~_i = (1 - alpha) q_i + alpha), as in the paper.
 DEFAULT_ALPHA = 0.5
 
@@ -219,9 +224,9 @@ def _token_probability(logits: Tensor, token_ids: Tensor) -> Tensor:
     return torch.exp(-nll).view_as(token_ids)
 
 
-def _per_position_loss(objective, draft_logits, target_ids, target_logits) -> Tensor:
-    """The quantity each weight multiplies: CE_j = -log q_j, or C_j for D-PAKL."""
-    if objective == "dpakl":
+def _per_position_loss(loss, draft_logits, target_ids, target_logits) -> Tensor:
+    """The quantity each weight multiplies (see ``LOSSES``): CE_j = -log q_j, or C_j for "target-ce"."""
+    if loss == "target-ce":
         # C_j = -sum_x p_j(x) log q_psi(x), p_j = softmax(target logits) (App. D-PAKL), with
         # the soft-label cross-entropy kernel. It returns NaN for 0 * log 0 (a draft logit of
         # -inf where p_j(x) = 0); only then recompute those rows with that term set to 0.
@@ -302,35 +307,67 @@ class Objective:
     """Everything the pipeline knows about one objective; every other module reads it from here."""
 
     name: str
-    label: str  # table label; ``{k}``-style fields are filled from the hyper-parameters
+    label: str  # table label (LaTeX); ``{k}``-style fields are filled from the hyper-parameters
     hparams: dict  # hyper-parameter defaults; None = derived (dflash's gamma from the block size)
     normalization: str  # the released code's denominator (normalization=None), one of NORMALIZATIONS
     weights: Callable[..., Tensor]  # detached per-position weights w_j (see the functions above)
     needs_target_logits: bool = False  # the target's logits at the drafted positions
     aliases: tuple[str, ...] = ()  # other spellings (SpecForge 0.2.0's loss_type values)
-    table_rank: int = 0  # row order in the tables (D-PACE last, as in the paper)
+    table_rank: int = 0  # row order in every table and figure legend (D-PACE last, as in the paper)
+    loss: str = "ce"  # what the weights multiply, one of LOSSES
+    color: str | None = None  # line colour in the figures (matplotlib); a figure refuses to draw one without
+    # What sets it apart where close variants stand side by side (Table 3, Figure 3c): "DFlash (decayed-CE)".
+    detail: str = ""
+    # How a caption introduces it after its quoted label (LaTeX): "``Top-$k$ prefix mask'' is the hard-mask
+    # baseline ...". Empty only for DFlash and D-PACE, which every caption names in its own words.
+    caption: str = ""
+
+    def __post_init__(self):
+        if self.loss not in LOSSES:
+            raise ValueError(f"objective {self.name!r}: loss {self.loss!r}; valid: {', '.join(LOSSES)}")
+        if self.normalization not in NORMALIZATIONS:
+            raise ValueError(f"objective {self.name!r}: normalization {self.normalization!r}; "
+                             f"valid: {', '.join(NORMALIZATIONS)}")
 
     def display_label(self, **hparams) -> str:
         return self.label.format(**{**self.hparams, **{k: v for k, v in hparams.items() if v is not None}})
 
+    def symbolic_label(self) -> str:
+        """The label with its hyper-parameters as symbols (``Top-$k$ prefix mask``), for captions."""
+        return self.label.format(**{name: f"${name}$" for name in self.hparams})
+
+    def comparison_label(self) -> str:
+        """The label with its ``detail``, where variants are compared side by side."""
+        return f"{self.display_label()} ({self.detail})" if self.detail else self.display_label()
+
 
 # Released-code reductions: DFlash-style objectives are weighted means ("weight"), the D-PACE
 # family is a per-sequence sum divided by the batch size ("batch"), as in SpecForge 0.2.0.
-# dpakl and accept-rate change the per-position loss as well (``_per_position_loss``, ``objective_terms``).
+# dpakl and accept-rate change the per-position loss as well (``loss``; ``_per_position_loss``, ``objective_terms``).
+# Colours: matplotlib's tab10, DFlash red and D-PACE blue as in the paper's figures.
 REGISTRY: dict[str, Objective] = {o.name: o for o in (
-    Objective("dflash", "DFlash", {"gamma": None}, "weight", _dflash_weights, table_rank=0),
-    Objective("dpace", "D-PACE", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_full_weights, table_rank=8),
+    Objective("dflash", "DFlash", {"gamma": None}, "weight", _dflash_weights, table_rank=0, color="#d62728",
+              detail="decayed-CE"),
+    Objective("dpace", "D-PACE", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_full_weights, table_rank=8,
+              color="#1f77b4", detail="full"),
     Objective("dpace-cumulative", "cumulative-only", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_cumulative_weights,
-              aliases=("dpace-cumulative-confidence-only",), table_rank=4),
+              aliases=("dpace-cumulative-confidence-only",), table_rank=4, color="#2ca02c",
+              caption=r"weights position $j$ by D-PACE's cumulative confidence $P_j$ alone"),
     Objective("dpace-continuation", "continuation-only", {"alpha": DEFAULT_ALPHA}, "batch",
-              _dpace_continuation_weights, aliases=("dpace-continuation-value-only",), table_rank=3),
-    Objective("topk-prefix", "Top-{k} prefix mask", {"k": 3}, "weight", _topk_prefix_weights, table_rank=1),
-    Objective("accept-rate", "Accept-rate", {}, "batch", _accept_rate_weights, table_rank=2),
+              _dpace_continuation_weights, aliases=("dpace-continuation-value-only",), table_rank=3, color="#ff7f0e",
+              caption=r"weights position $j$ by D-PACE's continuation value $\tilde f_j$ alone"),
+    Objective("topk-prefix", "Top-{k} prefix mask", {"k": 3}, "weight", _topk_prefix_weights, table_rank=1,
+              color="#9467bd", caption="is the hard-mask baseline adapted from GRIFFIN"),
+    Objective("accept-rate", "Accept-rate", {}, "batch", _accept_rate_weights, table_rank=2, loss="surrogate",
+              color="#8c564b", caption=r"directly optimizes the accepted-length surrogate $\tilde S$"),
     Objective("dpace-target-prob", "D-PACE (target prob)", {"alpha": DEFAULT_ALPHA}, "batch", _target_prob_weights,
-              needs_target_logits=True, table_rank=5),
-    Objective("dpakl", "D-PAKL", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_full_weights,
-              needs_target_logits=True, table_rank=6),
-    Objective("pard2-cat", "PARD-2 CAT", {}, "weight", _pard2_cat_weights, needs_target_logits=True, table_rank=7),
+              needs_target_logits=True, table_rank=5, color="#17becf",
+              caption="replaces the draft probability with the target probability on the same token in the "
+                      "D-PACE weight"),
+    Objective("dpakl", "D-PAKL", {"alpha": DEFAULT_ALPHA}, "batch", _dpace_full_weights, needs_target_logits=True,
+              table_rank=6, loss="target-ce", color="#e377c2", caption="is the KL-distillation variant of D-PACE"),
+    Objective("pard2-cat", "PARD-2 CAT", {}, "weight", _pard2_cat_weights, needs_target_logits=True, table_rank=7,
+              color="#7f7f7f", caption="is PARD-2's confidence-adaptive token weighting"),
 )}
 
 # Views of the registry, for callers that need one fact about every objective.
@@ -352,7 +389,7 @@ def _prepare(objective, draft_logits, target_ids, valid, target_logits, hparams)
     valid = valid if valid.dtype == torch.bool else valid != 0
     # Ids at invalid positions may be padding (e.g. -100); any in-range id will do there.
     target_ids = torch.where(valid, target_ids.long(), 0)
-    loss_per_position = _per_position_loss(objective, draft_logits, target_ids, target_logits)
+    loss_per_position = _per_position_loss(REGISTRY[objective].loss, draft_logits, target_ids, target_logits)
     # Invalid positions may hold any logits (even -inf at z*): zero their loss so 0*inf
     # never reaches a sum. Then q = exp(-CE) = 1 there, the no-op of prefix products.
     loss_per_position = torch.where(valid, loss_per_position, 0.0)
@@ -395,7 +432,7 @@ def objective_terms(
     )
     fvalid = valid.to(q.dtype)
     # S~ = sum_k prod_{i<=k} q_i per block (Eq. S): the accepted-length surrogate.
-    if objective == "accept-rate":
+    if REGISTRY[objective].loss == "surrogate":
         # Ascend S~ directly: q keeps its gradient, no smoothing, no detach (it collapses).
         q_with_grad = torch.exp(-loss_per_position)  # = 1 at invalid positions (no-op)
         surrogate = (torch.cumprod(q_with_grad, dim=-1) * valid).sum(dim=-1)
@@ -502,6 +539,7 @@ __all__ = [
     "DEFAULT_ALPHA",
     "DEFAULT_NORMALIZATION",
     "DFLASH_DEFAULT_GAMMA",
+    "LOSSES",
     "NEEDS_TARGET_LOGITS",
     "NORMALIZATIONS",
     "OBJECTIVES",

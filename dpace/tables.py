@@ -51,7 +51,7 @@ from dpace.metrics_frame import (
     rows_at_temperature,
     target_label_of,
 )
-from dpace.objectives import DEFAULT_ALPHA, REGISTRY
+from dpace.objectives import DEFAULT_ALPHA, REGISTRY, Objective
 
 BENCHMARK_LABELS: dict[str, str] = {
     "gsm8k": "GSM8K",
@@ -69,9 +69,10 @@ BENCHMARK_CATEGORIES: dict[str, str] = {
     "mt_bench": "Chat",
     "alpaca": "Chat",
 }
-# Row order and labels come from the objective registry (dpace.objectives.REGISTRY).
-OBJECTIVE_ORDER: tuple[str, ...] = tuple(sorted(REGISTRY, key=lambda name: REGISTRY[name].table_rank))
-OBJECTIVE_LABELS: dict[str, str] = {name: record.display_label() for name, record in REGISTRY.items()}
+# Row order, labels and caption wording come from each objective's record (dpace.objectives.REGISTRY), read
+# when a table is rendered; which objectives a table shows comes from its experiment's rows (its config).
+# DFlash and D-PACE are the baseline and the method: captions name them in their own words.
+NAMED_IN_CAPTIONS: tuple[str, ...] = ("dflash", "dpace")
 NORMALIZATION_ORDER: tuple[str, ...] = ("batch", "anchor", "weight", "token", "default")
 BLOCK_COLUMNS: tuple[str, ...] = ("variant", "benchmark", "temperature", "tau_block", "sum_q", "surrogate")
 TRAIN_RUN_COLUMNS: tuple[str, ...] = (
@@ -137,11 +138,35 @@ def _row(cells: Iterable[str]) -> str:
     return " & ".join(cells) + r" \\"
 
 
+def objective_record_of(objective: str) -> Objective:
+    """The registry record of an objective a table or figure is about to show; one without a record is an
+    error naming it (a table never drops its row)."""
+    if objective not in REGISTRY:
+        raise ValueError(f"objective {objective!r} has no record in dpace.objectives.REGISTRY: no table or figure "
+                         f"can order, label or describe it (records: {', '.join(REGISTRY)})")
+    return REGISTRY[objective]
+
+
 def objective_label(objective: str, k: object = None) -> str:
     """Display name of an objective (``k`` names the top-k of the prefix-mask baseline)."""
-    if objective not in REGISTRY:
-        return tex_escape(objective)
-    return REGISTRY[objective].display_label(k=int(float(k)) if is_finite(k) else None)  # type: ignore[arg-type]
+    record = objective_record_of(objective)
+    return record.display_label(k=int(float(k)) if is_finite(k) else None)  # type: ignore[arg-type]
+
+
+def describe_objectives(objectives: Iterable[str]) -> str:
+    """Caption sentences introducing each shown objective in row order, from its record:
+    "``Top-$k$ prefix mask'' is the hard-mask baseline adapted from GRIFFIN; ...". DFlash and D-PACE
+    are left to the caption; any other objective without caption wording is an error naming it."""
+    parts = []
+    for objective in sort_objectives(objectives):
+        if objective in NAMED_IN_CAPTIONS:
+            continue
+        record = objective_record_of(objective)
+        if not record.caption:
+            raise ValueError(f"objective {objective!r} has no caption wording in its record "
+                             "(dpace.objectives.REGISTRY, field caption): no caption can introduce it")
+        parts.append(f"``{record.symbolic_label()}'' {record.caption}")
+    return "; ".join(parts) + "." if parts else ""
 
 
 def benchmark_label(benchmark: str) -> str:
@@ -235,13 +260,11 @@ def _complete(
 
 
 def _objective_rank(objective: str) -> int:
-    try:
-        return OBJECTIVE_ORDER.index(objective)
-    except ValueError:
-        return len(OBJECTIVE_ORDER) - 1  # unknown objectives go just before D-PACE
+    return objective_record_of(objective).table_rank
 
 
-def _sort_objectives(objectives: Iterable[str]) -> list[str]:
+def sort_objectives(objectives: Iterable[str]) -> list[str]:
+    """Distinct objectives in row order: their records' ``table_rank`` (an objective without a record raises)."""
     return sorted(dict.fromkeys(objectives), key=lambda o: (_objective_rank(o), o))
 
 
@@ -326,7 +349,7 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: 
         t_depths = [d for d in depths if (at_t["depth"].astype(int) == d).any()]
         for di, d in enumerate(t_depths):
             sub = at_t[at_t["depth"].astype(int) == d]
-            objs = _sort_objectives(sub["objective"].unique())
+            objs = sort_objectives(sub["objective"].unique())
             wide = sub.pivot(index="objective", columns="benchmark", values=["speedup", "tau"])
             avg = benchmark_averages(sub, ["objective"], benches).set_index("objective")
             values: list[list[float]] = []
@@ -356,10 +379,11 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: 
         r"\textbf{Main result.} Decoding speedup (SR) and average emitted length ($\tau$) on "
         f"{len(benches)} benchmarks at draft depth{'s' if len(depths) > 1 else ''} ({depth_text}) and "
         f"temperature{'s' if len(temps) > 1 else ''} ($T{{=}}{temp_text}$) for DFlash drafts of "
-        f"{_join_words(labels)} at {_epoch_phrase(df)}. "
-        r"``Top-$k$ prefix mask'' is the hard-mask baseline adapted from GRIFFIN; ``Accept-rate'' "
-        r"directly optimizes the accepted-length surrogate $\tilde S$."
+        f"{_join_words(labels)} at {_epoch_phrase(df)}."
     )
+    described = describe_objectives(df["objective"].unique())
+    if described:
+        caption += " " + described
     seeds = int(df["num_seeds"].max()) if "num_seeds" in df.columns else 1
     if seeds > 1:
         caption += f" Each value is the mean over {seeds} training seeds of the drafter."
@@ -410,7 +434,7 @@ def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temper
         sub = rows[(rows["target"] == target) & (rows["depth"] == depth) & (rows["block_size"] == bsize)]
         tl = target_label_of(rows, target)
         shown = tex_escape(tl) if label_counts[tl] == 1 else _config_label(tl, depth, bsize)
-        objs = _sort_objectives(sub["objective"].unique())
+        objs = sort_objectives(sub["objective"].unique())
         sr = {o: sub[sub["objective"] == o].set_index("benchmark")["speedup"] for o in objs}
         tau = {o: sub[sub["objective"] == o].set_index("benchmark")["tau"] for o in objs}
         cells_by_obj: dict[str, list[str]] = {o: [] for o in objs}
@@ -443,22 +467,14 @@ def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temper
 # Table 3: component ablation over epochs
 # --------------------------------------------------------------------------------------------
 
-ABLATION_OBJECTIVES: tuple[str, ...] = ("dflash", "dpace-continuation", "dpace-cumulative", "dpace")
-ABLATION_LABELS: dict[str, str] = {
-    "dflash": "DFlash (decayed-CE)",
-    "dpace-continuation": "continuation-only",
-    "dpace-cumulative": "cumulative-only",
-    "dpace": r"\textbf{D-PACE (full)}",
-}
-
-
 def ablation_trajectories(
     metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0
 ) -> pd.DataFrame:
     """Long frame (config, objective, epoch, tau) of the ablation runs on ``benchmark`` at
-    ``temperature`` (experiment ``ablation``; DFlash / D-PACE borrowed from ``main`` if absent)."""
+    ``temperature`` (experiment ``ablation``, every objective it trained; DFlash / D-PACE borrowed from
+    ``main`` if absent)."""
     df = prepared_metrics(metrics)
-    rows = _complete(df, "ablation", objectives=ABLATION_OBJECTIVES, borrow=("dflash", "dpace"))
+    rows = _complete(df, "ablation", borrow=("dflash", "dpace"))
     what = "experiment 'ablation'"
     rows = rows[rows["benchmark"] == benchmark]
     if rows.empty:
@@ -471,8 +487,8 @@ def ablation_trajectories(
 
 
 def table_ablation(metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0) -> str:
-    """Table 3 (``tab:ablation-trajectory``): MATH-500 tau at T=0 per epoch for DFlash,
-    continuation-only, cumulative-only and D-PACE; best per epoch column bold."""
+    """Table 3 (``tab:ablation-trajectory``): MATH-500 tau at T=0 per epoch for each objective of experiment
+    ``ablation`` (the paper: DFlash, continuation-only, cumulative-only, D-PACE); best per epoch column bold."""
     traj = ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)
     epochs = sorted(traj["epoch"].astype(int).unique())
     configs = distinct_configs(traj)
@@ -484,19 +500,21 @@ def table_ablation(metrics: pd.DataFrame, *, benchmark: str = "math500", tempera
             label = _config_label(target_label_of(sub, cfg[0]), cfg[1], cfg[2])
             body.append(f"\\multicolumn{{{ncols}}}{{l}}{{\\emph{{{label}}}}} \\\\")
         wide = sub.pivot(index="objective", columns="epoch", values="tau")
-        objs = [o for o in ABLATION_OBJECTIVES if o in wide.index]
+        objs = sort_objectives(wide.index)
         values = [[wide.at[o, e] if e in wide.columns else np.nan for e in epochs] for o in objs]
         bold = [_best([v[c] for v in values]) for c in range(len(epochs))]
         for ri, o in enumerate(objs):
-            body.append(_row([ABLATION_LABELS[o]] + [_cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]))
+            label = _bold_if(objective_record_of(o).comparison_label(), o == "dpace")
+            body.append(_row([label] + [_cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]))
         body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
     depths = sorted({int(c[1]) for c in configs})
     bname = BENCHMARK_LABELS.get(benchmark, tex_escape(benchmark))
     caption = (
         f"\\textbf{{Component ablation on {bname} ({'/'.join(f'{d}L' for d in depths)}).}} {bname} $\\tau$ "
-        f"($T{{=}}{_temp_text(temperature)}$) over training epochs for the DFlash baseline, D-PACE, and its two "
-        "component-ablation variants (continuation-only, cumulative-only)."
+        f"($T{{=}}{_temp_text(temperature)}$) over training epochs for the DFlash baseline and D-PACE"
     )
+    described = describe_objectives(traj["objective"].unique())
+    caption += f" next to: {described}" if described else "."
     return _table(body, spec="l" + "c" * len(epochs), caption=caption, label="tab:ablation-trajectory")
 
 
@@ -674,9 +692,9 @@ def _temperatures(rows: pd.DataFrame, experiment: str, temperatures: Sequence[fl
 
 
 TARGET_PROB_LABELS: dict[str, str] = {
-    "dflash": "DFlash (decayed-CE)",
-    "dpace-target-prob": "D-PACE (target prob)",
-    "dpace": r"\textbf{D-PACE (draft prob)}",
+    "dflash": REGISTRY["dflash"].comparison_label(),
+    "dpace-target-prob": REGISTRY["dpace-target-prob"].display_label(),
+    "dpace": r"\textbf{D-PACE (draft prob)}",  # Table 6's own contrast with the target-probability variant
 }
 
 
@@ -723,9 +741,10 @@ def table_objectives_extra(
     caption = (
         r"\textbf{Further objectives.} Average SR and $\tau$ over the "
         f"{len(present_benchmarks(rows))} benchmarks at {_epoch_phrase(rows)} ($T{{=}}{', '.join(map(_temp_text, temps))}$): "
-        "the DFlash baseline and D-PACE "
-        r"next to D-PAKL (the KL-distillation variant of D-PACE) and the PARD-2 CAT objective."
+        "the DFlash baseline and D-PACE"
     )
+    described = describe_objectives(rows["objective"].unique())
+    caption += f" next to further objectives. {described}" if described else "."
     return _avg_table(
         rows,
         row_keys=("objective",),
@@ -755,7 +774,7 @@ def table_normalization(
     def label_of(k: tuple) -> str:
         obj, norm = k
         if obj == "dflash":
-            return "DFlash (decayed-CE)"
+            return objective_record_of("dflash").comparison_label()
         return f"{objective_label(obj)} ({tex_escape(norm)})"
 
     caption = (
@@ -836,7 +855,7 @@ def table_training_time(
     require_columns(train_runs, TRAIN_RUN_COLUMNS, "train_runs")
     runs = _select_timing_runs(train_runs, variants, metrics)
     by_obj = {o: runs[runs["objective"] == o].iloc[0] for o in ("dflash", "dpace") if (runs["objective"] == o).any()}
-    labels = {"dflash": "DFlash (decayed-CE)", "dpace": r"\textbf{D-PACE}"}
+    labels = {"dflash": objective_record_of("dflash").comparison_label(), "dpace": r"\textbf{D-PACE}"}
     header = ["Method", "per epoch", "per iteration", "per optimizer step"]
     body = [r"\toprule", _row(header), r"\midrule"]
 
@@ -963,13 +982,15 @@ def table_correlation(
 
 __all__ = [
     "BENCHMARK_LABELS",
-    "OBJECTIVE_LABELS",
-    "OBJECTIVE_ORDER",
+    "NAMED_IN_CAPTIONS",
     "ablation_trajectories",
     "block_correlations",
     "fmt",
+    "describe_objectives",
     "objective_label",
+    "objective_record_of",
     "select_blocks",
+    "sort_objectives",
     "table_ablation",
     "table_block_size",
     "table_correlation",

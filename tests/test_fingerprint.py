@@ -116,7 +116,7 @@ def test_every_rule_fingerprints_the_script_it_runs():
             if not script:
                 continue
             rules += 1
-            fingerprints = re.findall(r'code=script_fingerprint\("([\w.]+)"\)', block)
+            fingerprints = re.findall(r'code=(?:lambda wildcards: )?script_fingerprint\("([\w.]+)"[,)]', block)
             assert fingerprints == [script.group(1)], f"{smk.name}: {block.split(':')[0]}"
     assert rules >= 12
 
@@ -153,3 +153,76 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
             path.write_text(source)
         # io is imported by every stage, so everything upstream of the features reruns as well.
         assert (jobs.get("features", 0), bool(jobs)) == (planned.get("features", 0), bool(planned)), (module, jobs)
+
+
+
+def test_training_fingerprints_cover_only_the_objective_they_train(package_copy):
+    """Training's fingerprint covers dpace.objectives' shared code and its own objective's record and weight
+    function: a new objective, or an edit to another one's formula, leaves it alone."""
+    from workflow_runs import with_lindecay
+
+    from dpace.objectives import OBJECTIVES
+
+    script = REPO / "workflow" / "scripts" / "train_drafter.py"
+    report = REPO / "workflow" / "scripts" / "render_artifact.py"
+    path = package_copy / "objectives.py"
+    source = path.read_text()
+
+    def fingerprints(edited: str) -> dict[str, str]:
+        path.write_text(edited)
+        try:
+            prints = {o: script_fingerprint(script, package_copy, objective=o) for o in OBJECTIVES}
+            if "lindecay" in edited:
+                prints["lindecay"] = script_fingerprint(script, package_copy, objective="lindecay")
+            return {**prints, "report": script_fingerprint(report, package_copy)}
+        finally:
+            path.write_text(source)
+
+    before = fingerprints(source)
+    assert len(set(before.values())) == len(before)  # one fingerprint per objective
+
+    def changed(edited: str) -> set[str]:
+        after = fingerprints(edited)
+        return {name for name in before if after[name] != before[name]} | (set(after) - set(before))
+
+    assert changed(with_lindecay(source)) == {"lindecay", "report"}
+    dflash_formula = 'return torch.exp(-(positions - 1).clamp(min=0) / hparams["gamma"])'
+    assert changed(source.replace(dflash_formula, dflash_formula.replace('hparams["gamma"]', '(2 * hparams["gamma"])'))) \
+        == {"dflash", "report"}
+    # D-PACE's and D-PAKL's records name the same weight function.
+    full = 'return _dpace_weights(confidence, valid, hparams["alpha"], "full")'
+    assert changed(source.replace(full, full.replace('hparams["alpha"]', 'hparams["alpha"] / 2'))) \
+        == {"dpace", "dpakl", "report"}
+    # A record's own fields are its code too; the code every objective shares reruns every drafter.
+    assert changed(source.replace('aliases=("dpace-cumulative-confidence-only",), ', "")) == {"dpace-cumulative", "report"}
+    shared = "smoothed = (1.0 - alpha) * confidence + alpha"
+    assert changed(source.replace(shared, "smoothed = (1.0 - alpha) * confidence + alpha * 1.0")) == set(before)
+    # A comment is not code: it reruns nothing that is fingerprinted per objective.
+    assert changed(source.replace("# Views of the registry", "# Views (all of them) of the registry")) == {"report"}
+
+
+def test_a_weight_function_that_calls_another_objectives_owns_it_too():
+    from dpace.fingerprint import objective_sources
+
+    source = """
+def _helper(x):
+    return x
+
+
+def _a_weights(x):
+    return _helper(x)
+
+
+def _b_weights(x):
+    return 2 * _a_weights(x)
+
+
+REGISTRY = (Objective("a", "A", {}, "weight", _a_weights), Objective("b", "B", {}, "weight", weights=_b_weights))
+"""
+    shared, own = objective_sources(source)
+    edited_a = objective_sources(source.replace("return _helper(x)", "return _helper(x) + 1"))
+    assert edited_a[0] == shared and edited_a[1]["a"] != own["a"] and edited_a[1]["b"] != own["b"]
+    edited_b = objective_sources(source.replace("return 2 * _a_weights(x)", "return 3 * _a_weights(x)"))
+    assert edited_b[0] == shared and edited_b[1]["a"] == own["a"] and edited_b[1]["b"] != own["b"]
+    edited_helper = objective_sources(source.replace("    return x\n", "    return -x\n"))
+    assert edited_helper[0] != shared

@@ -4,11 +4,17 @@ The naive reference works block by block in plain Python: it drops the block's i
 positions (no-ops in products, excluded from sums) and then applies the paper's formula
 literally with O(B^2) loops; only dflash keeps absolute block positions, like the released
 code. CE_j is built per position with autograd so gradients can be compared as well.
+
+Every test here reads what it needs of an objective from its registry record (hyper-parameters,
+denominator, loss kind): a new record runs through all of them unedited. The one exception is
+the naive weight formula itself, an independent transcription of the paper kept in
+``NAIVE_WEIGHTS``; a record without one fails ``test_every_objective_has_a_naive_reference`` only.
 """
 
 from __future__ import annotations
 
 import math
+from typing import NamedTuple
 
 import pytest
 import torch
@@ -18,6 +24,7 @@ from dpace.objectives import (
     DEFAULT_NORMALIZATION,
     NEEDS_TARGET_LOGITS,
     OBJECTIVES,
+    REGISTRY,
     ObjectiveTerms,
     block_loss,
     canonical_objective,
@@ -30,7 +37,9 @@ from dpace.objectives import (
 
 DTYPE = torch.float64
 VOCAB = 7
-DPACE_FAMILY = ("dpace", "dpace-cumulative", "dpace-continuation", "dpace-target-prob", "dpakl")
+
+# A valid value away from the default of each hyper-parameter a record may take.
+TRIAL_HPARAMS = {"alpha": 0.3, "gamma": 3.0, "k": 2}
 
 
 def make_inputs(block_size, batch=2, blocks=3, seed=0, empty_block=True):
@@ -50,7 +59,13 @@ def make_inputs(block_size, batch=2, blocks=3, seed=0, empty_block=True):
 
 
 def hparams_for(objective):
-    return {"gamma": 3.0} if objective == "dflash" else {}
+    """Only the hyper-parameters without a default (dflash's gamma has none at every B)."""
+    return {name: TRIAL_HPARAMS[name] for name, default in REGISTRY[objective].hparams.items() if default is None}
+
+
+def trial_hparams(objective):
+    """A non-default value of every hyper-parameter the objective's record takes."""
+    return {name: TRIAL_HPARAMS[name] for name in REGISTRY[objective].hparams}
 
 
 # --------------------------------------------------------------------------- naive reference
@@ -63,13 +78,55 @@ def prod(values):
     return result
 
 
-def naive_block(objective, logits, ids, valid, target_logits, alpha=0.5, gamma=3.0, k=3):
+class NaiveBlock(NamedTuple):
+    """One block's valid positions, as the paper's formulas see it."""
+
+    positions: list  # absolute block positions j of the valid entries
+    z: list  # z*_j
+    q: list  # sg(q_j) = exp(-loss_j), the draft confidence (exp(-C_j) for D-PAKL)
+    target_probs: list  # p_theta(.) at each valid position, as a list over the vocabulary
+    ranked: list  # the draft's tokens by decreasing logit at each valid position
+
+
+def dpace_weights(conf, alpha):
+    """(cumulative, continuation, full) D-PACE weights of Eq. dpace-coef, with O(B^2) products."""
+    count = len(conf)
+    smooth = [(1 - alpha) * c + alpha for c in conf]
+    cumulative = [prod(smooth[: t + 1]) for t in range(count)]
+    continuation = [1 + sum(prod(smooth[t + 1 : m + 1]) for m in range(t + 1, count)) for t in range(count)]
+    full = [sum(prod(smooth[: m + 1]) for m in range(t, count)) for t in range(count)]
+    return cumulative, continuation, full
+
+
+def target_gold_probs(block):
+    return [p[zj] for p, zj in zip(block.target_probs, block.z, strict=True)]
+
+
+# The paper's weight w_j of each objective, transcribed literally: (block, hparams) -> [w_j per valid position].
+NAIVE_WEIGHTS = {
+    "dflash": lambda b, h: [math.exp(-(j - 1) / h["gamma"]) for j in b.positions],
+    "dpace": lambda b, h: dpace_weights(b.q, h["alpha"])[2],
+    "dpakl": lambda b, h: dpace_weights(b.q, h["alpha"])[2],  # q = exp(-C_j)
+    "dpace-cumulative": lambda b, h: dpace_weights(b.q, h["alpha"])[0],
+    "dpace-continuation": lambda b, h: dpace_weights(b.q, h["alpha"])[1],
+    "dpace-target-prob": lambda b, h: dpace_weights(target_gold_probs(b), h["alpha"])[2],
+    "topk-prefix": lambda b, h: [prod(1.0 if b.z[i] in b.ranked[i][: h["k"]] else 0.0 for i in range(t))
+                                 for t in range(len(b.z))],
+    "pard2-cat": lambda b, h: [prod(target_gold_probs(b)[:t]) for t in range(len(b.z))],
+    # Not used in its loss: the implicit gradient weights, sum_{m>=j} prod_{i<=m} q_i (alpha = 0).
+    "accept-rate": lambda b, h: dpace_weights(b.q, 0.0)[2],
+}
+
+
+def naive_block(objective, logits, ids, valid, target_logits, **hparams):
     """Per-block (loss numerator tensor, weights {j: w_j}, q {j: q_j}) straight from the paper."""
+    record = REGISTRY[objective]
+    hparams = {**record.hparams, **hparams}
     positions = [j for j in range(len(ids)) if valid[j]]
     z = [int(ids[j]) for j in positions]
     draft_log_probs = [torch.log_softmax(logits[j], dim=0) for j in positions]
     target_probs = [torch.softmax(target_logits[j], dim=0).tolist() for j in positions]
-    if objective == "dpakl":  # C_j = -sum_x p_j(x) log q(x)
+    if record.loss == "target-ce":  # C_j = -sum_x p_j(x) log q(x)
         ce = [
             -sum(p[x] * lq[x] for x in range(VOCAB))
             for p, lq in zip(target_probs, draft_log_probs, strict=True)
@@ -77,48 +134,15 @@ def naive_block(objective, logits, ids, valid, target_logits, alpha=0.5, gamma=3
     else:  # CE_j = -log q_j
         ce = [-lq[zj] for lq, zj in zip(draft_log_probs, z, strict=True)]
     q = [math.exp(-float(c.detach())) for c in ce]  # sg(q_j)
-    count = len(positions)
-
-    def dpace_weights(conf):
-        smooth = [(1 - alpha) * c + alpha for c in conf]
-        cumulative = [prod(smooth[: t + 1]) for t in range(count)]
-        continuation = [
-            1 + sum(prod(smooth[t + 1 : m + 1]) for m in range(t + 1, count)) for t in range(count)
-        ]
-        full = [sum(prod(smooth[: m + 1]) for m in range(t, count)) for t in range(count)]
-        return cumulative, continuation, full
-
-    if objective == "dflash":
-        weights = [math.exp(-(j - 1) / gamma) for j in positions]
-    elif objective in ("dpace", "dpakl"):
-        weights = dpace_weights(q)[2]
-    elif objective == "dpace-cumulative":
-        weights = dpace_weights(q)[0]
-    elif objective == "dpace-continuation":
-        weights = dpace_weights(q)[1]
-    elif objective == "dpace-target-prob":
-        weights = dpace_weights([p[zj] for p, zj in zip(target_probs, z, strict=True)])[2]
-    elif objective == "topk-prefix":
-        ranked = [
-            sorted(range(VOCAB), key=lambda x, j=j: -float(logits[j, x].detach()))[:k] for j in positions
-        ]
-        weights = [prod(1.0 if z[i] in ranked[i] else 0.0 for i in range(t)) for t in range(count)]
-    elif objective == "pard2-cat":
-        weights = [prod(target_probs[i][z[i]] for i in range(t)) for t in range(count)]
-    elif objective == "accept-rate":
-        alpha_zero = [sum(prod(q[: m + 1]) for m in range(t, count)) for t in range(count)]
-        weights = alpha_zero  # implicit gradient weights, diagnostics only
+    ranked = [sorted(range(VOCAB), key=lambda x, j=j: -float(logits[j, x].detach())) for j in positions]
+    weights = NAIVE_WEIGHTS[objective](NaiveBlock(positions, z, q, target_probs, ranked), hparams)
+    by_position = dict(zip(positions, weights, strict=True)), dict(zip(positions, q, strict=True))
+    if record.loss == "surrogate":
         q_grad = [torch.exp(-c) for c in ce]
-        surrogate = sum(prod(q_grad[: m + 1]) for m in range(count))  # S~, with gradient
-        return (
-            -surrogate if count else 0.0,
-            dict(zip(positions, weights, strict=True)),
-            dict(zip(positions, q, strict=True)),
-        )
-    else:
-        raise AssertionError(objective)
+        surrogate = sum(prod(q_grad[: m + 1]) for m in range(len(positions)))  # S~, with gradient
+        return (-surrogate if positions else 0.0), *by_position
     numerator = sum(w * c for w, c in zip(weights, ce, strict=True))
-    return numerator, dict(zip(positions, weights, strict=True)), dict(zip(positions, q, strict=True))
+    return numerator, *by_position
 
 
 def naive_loss(objective, draft_logits, target_ids, valid, target_logits, normalization=None, **hparams):
@@ -171,13 +195,17 @@ def close(actual, expected, tol=1e-6):
 # --------------------------------------------------------------------------- formulas
 
 
+def test_every_objective_has_a_naive_reference():
+    missing = sorted(set(OBJECTIVES) - set(NAIVE_WEIGHTS))
+    assert not missing, (f"no naive transcription of the weights of {missing}: add the paper's formula to "
+                         f"NAIVE_WEIGHTS in {__file__}; every other test here already covers them")
+
+
 @pytest.mark.parametrize("block_size", [2, 8, 16])
-@pytest.mark.parametrize("objective", OBJECTIVES)
+@pytest.mark.parametrize("objective", [name for name in OBJECTIVES if name in NAIVE_WEIGHTS])
 def test_matches_naive_transcription(objective, block_size):
     draft_logits, target_ids, valid, target_logits = make_inputs(block_size, seed=block_size)
-    hparams = {"dflash": {"gamma": 3.0}, "topk-prefix": {"k": 2}}.get(objective, {"alpha": 0.3})
-    if objective in ("accept-rate", "pard2-cat"):
-        hparams = {}
+    hparams = trial_hparams(objective)
     loss, diagnostics = block_loss(
         objective,
         draft_logits=draft_logits,
@@ -188,14 +216,7 @@ def test_matches_naive_transcription(objective, block_size):
     )
     (grad,) = torch.autograd.grad(loss, draft_logits)
 
-    naive_hparams = {
-        "alpha": hparams.get("alpha", 0.5),
-        "gamma": hparams.get("gamma", 3.0),
-        "k": hparams.get("k", 3),
-    }
-    expected, expected_diagnostics = naive_loss(
-        objective, draft_logits, target_ids, valid, target_logits, **naive_hparams
-    )
+    expected, expected_diagnostics = naive_loss(objective, draft_logits, target_ids, valid, target_logits, **hparams)
     (expected_grad,) = torch.autograd.grad(expected, draft_logits)
 
     close(loss, expected)
@@ -247,7 +268,8 @@ def test_aliases_are_the_same_objective():
 
 
 def masked_ce(objective, draft_logits, target_ids, valid, target_logits):
-    if objective == "dpakl":
+    """The per-position loss the record's weights multiply, 0 at invalid positions."""
+    if REGISTRY[objective].loss == "target-ce":
         per_position = -(torch.softmax(target_logits, -1) * torch.log_softmax(draft_logits, -1)).sum(-1)
     else:
         per_position = F.cross_entropy(draft_logits.flatten(0, 2), target_ids.flatten(), reduction="none")
@@ -255,21 +277,34 @@ def masked_ce(objective, draft_logits, target_ids, valid, target_logits):
     return per_position * valid
 
 
-@pytest.mark.parametrize("objective", DPACE_FAMILY)
-def test_dpace_family_gradient_is_detached_weighted_ce(objective):
+def released_denominator(objective, valid, weights):
+    """The denominator of the record's released-code normalization, computed from its definition."""
+    return {"batch": valid.shape[0], "anchor": valid.any(-1).sum(), "token": valid.sum(),
+            "weight": weights.sum()}[REGISTRY[objective].normalization]
+
+
+@pytest.mark.parametrize("objective", [name for name, record in REGISTRY.items() if record.loss != "surrogate"])
+def test_gradient_is_detached_weights_times_per_position_loss(objective):
     draft_logits, target_ids, valid, target_logits = make_inputs(8, seed=3)
     kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid, target_logits=target_logits)
-    loss, _ = block_loss(objective, **kwargs)
-    weights = position_weights(objective, **kwargs)
+    hparams = trial_hparams(objective)
+    loss, _ = block_loss(objective, **kwargs, **hparams)
+    weights = position_weights(objective, **kwargs, **hparams)
     assert not weights.requires_grad
     ce = masked_ce(objective, draft_logits, target_ids, valid, target_logits)
-    reference = (weights * ce).sum() / draft_logits.shape[0]  # sum_j sg(w_j) CE_j / batch
+    reference = (weights * ce).sum() / released_denominator(objective, valid, weights)  # sum_j sg(w_j) CE_j / den
     (grad,) = torch.autograd.grad(loss, draft_logits)
     (reference_grad,) = torch.autograd.grad(reference, draft_logits, retain_graph=True)
     close(loss, reference, tol=1e-10)
     close(grad, reference_grad, tol=1e-10)
 
-    # Control: had gradient flowed through w_j (q with grad), the gradient would differ.
+
+def test_dpace_weights_are_detached():
+    """Had gradient flowed through D-PACE's w_j, its gradient would differ: the check above can fail."""
+    draft_logits, target_ids, valid, _ = make_inputs(8, seed=3)
+    kwargs = dict(draft_logits=draft_logits, target_ids=target_ids, valid=valid)
+    (grad,) = torch.autograd.grad(block_loss("dpace", **kwargs)[0], draft_logits)
+    ce = masked_ce("dpace", draft_logits, target_ids, valid, None)
     q_with_grad = torch.exp(-ce)
     smooth = torch.where(valid, 0.5 * q_with_grad + 0.5, torch.ones_like(q_with_grad))
     prefix = torch.cumprod(smooth, -1)
@@ -435,7 +470,8 @@ def test_q_exactly_one_is_safe(objective):
     close(diagnostics["q_per_position"][1:], torch.ones(7), tol=0)
     close(diagnostics["surrogate"], 7.0, tol=1e-12)
     close(diagnostics["expected_emitted_length"], 8.0, tol=0)
-    close(loss, -7.0 * 2 if objective == "accept-rate" else 0.0, tol=1e-12)
+    # q = 1: every CE_j is 0, and the surrogate ascended instead is S~ = 7 per block (two blocks per sequence).
+    close(loss, -7.0 * 2 if REGISTRY[objective].loss == "surrogate" else 0.0, tol=1e-12)
 
 
 @pytest.mark.parametrize("objective", OBJECTIVES)
@@ -455,7 +491,7 @@ def test_q_exactly_zero_is_safe(objective):
         for value in diagnostics.values()
         if torch.is_tensor(value)
     )
-    if objective == "accept-rate":  # the only objective without a -log q_j term: stays finite
+    if REGISTRY[objective].loss == "surrogate":  # no -log q_j term: stays finite
         (grad,) = torch.autograd.grad(loss, draft_logits)
         assert torch.isfinite(loss) and torch.isfinite(grad).all()
     elif weights[0, 1, 3] > 0:
@@ -499,7 +535,7 @@ def test_normalization_denominators(objective):
         close(loss, terms.loss_sum / denominator, tol=1e-12)
         close(diagnostics["loss_denominator"], denominator, tol=1e-12)
     default, diagnostics = block_loss(objective, **kwargs, **hparams)
-    released = "weight" if objective in ("dflash", "topk-prefix", "pard2-cat") else "batch"
+    released = REGISTRY[objective].normalization
     assert diagnostics["normalization"] == released
     close(default, terms.loss_sum / expected[released], tol=1e-12)
 
@@ -606,10 +642,10 @@ def test_one_registry_record_is_all_a_new_objective_needs(monkeypatch):
 
 
 def test_registry_views_agree_with_the_records():
-    from dpace.objectives import OBJECTIVE_ALIASES, REGISTRY
+    from dpace.objectives import OBJECTIVE_ALIASES
 
     assert OBJECTIVES == tuple(REGISTRY)
-    assert NEEDS_TARGET_LOGITS == {"dpace-target-prob", "dpakl", "pard2-cat"}
+    assert NEEDS_TARGET_LOGITS == {name for name, record in REGISTRY.items() if record.needs_target_logits}
     assert {name: canonical_objective(alias) for alias, name in OBJECTIVE_ALIASES.items()} == {
         name: name for name in OBJECTIVE_ALIASES.values()}
     assert all(DEFAULT_NORMALIZATION[name] == record.normalization for name, record in REGISTRY.items())

@@ -6,8 +6,10 @@ import json
 import os
 import re
 import shlex
+import shutil
 import signal
 import subprocess
+import sys
 import time
 
 import pandas as pd
@@ -21,6 +23,7 @@ from workflow_runs import (
     planned_jobs,
     snakemake,
     snakemake_command,
+    with_lindecay,
     write_config,
 )
 
@@ -295,3 +298,56 @@ def test_a_run_killed_during_training_finishes_after_the_readmes_steps(smoke_run
                                                     "steps.jsonl").read_text().splitlines()]
               for run_dir in (workdir, tmp_path)]
     assert losses[0] == losses[1]
+def planned_variants(result: subprocess.CompletedProcess) -> dict[str, set[str]]:
+    """{rule: the variants its planned jobs are for} of a dry run (jobs without a variant are left out)."""
+    planned: dict[str, set[str]] = {}
+    for block in re.split(r"\n(?=(?:local)?rule \w+:)", result.stdout + result.stderr):
+        rule = re.match(r"(?:local)?rule (\w+):", block)
+        variant = re.search(r"^\s+wildcards:.*\bvariant=([^,\s]+)", block, re.M)
+        if rule and variant:
+            planned.setdefault(rule.group(1), set()).add(variant.group(1))
+    return planned
+
+
+REPORT_RULES = {"experiment_metrics", "experiment_training", "local_blocks", "render_table", "render_figure"}
+
+
+def test_a_new_objective_reruns_only_itself(smoke_run, tmp_path):
+    """Issue 44: on a finished results/, a new objective (docs/objectives.md's recipe: one weight function, one
+    record, one config line) in a scratch copy of the code plans its own drafter and evaluations plus the
+    reports, and nothing of the other objectives; an edit to DFlash's formula retrains DFlash's drafters only."""
+    from dpace.config import all_variants
+
+    workdir, _ = smoke_run
+    repo = tmp_path / "repo"
+    shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "tests"))
+    objectives = repo / "dpace" / "objectives.py"
+    source = objectives.read_text()
+
+    def dry_run(code: str, **overrides) -> subprocess.CompletedProcess:
+        objectives.write_text(code)
+        command = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-d", str(workdir),
+                   "--configfile", str(write_config(tmp_path, **overrides)), "--replace-workflow-config",
+                   "--cores", "2", "-n", "all"]
+        return subprocess.run(command, capture_output=True, text=True, timeout=600,
+                              env={**os.environ, "PYTHONPATH": str(repo)})
+
+    assert planned_jobs(dry_run(source)) == {}  # the scratch copy itself changes nothing
+
+    extras = [*SMOKE["experiments"]["extras"]["objectives"], "lindecay"]
+    added = dry_run(with_lindecay(source), **{"experiments.extras.objectives": extras})
+    jobs = planned_jobs(added)
+    assert jobs["train_drafter"] == 1 and jobs["evaluate"] >= 1 and set(jobs) <= {"train_drafter", "evaluate",
+                                                                                     "all", *REPORT_RULES}, jobs
+    variants = planned_variants(added)
+    (new,) = variants["train_drafter"]
+    assert new.startswith("lindecay-") and variants["evaluate"] == {new}, variants
+
+    dflash = {v.id for v in all_variants(SMOKE).values() if v.objective == "dflash"}
+    formula = 'return torch.exp(-(positions - 1).clamp(min=0) / hparams["gamma"])'
+    assert formula in source
+    edited = dry_run(source.replace(formula, formula.replace('hparams["gamma"]', '(2 * hparams["gamma"])')))
+    jobs = planned_jobs(edited)
+    assert jobs["train_drafter"] == len(dflash) and set(jobs) <= {"train_drafter", "evaluate", "all", *REPORT_RULES}
+    variants = planned_variants(edited)
+    assert variants["train_drafter"] == dflash and variants["evaluate"] <= dflash, variants

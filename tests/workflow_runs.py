@@ -66,6 +66,27 @@ def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
     return jobs
 
 
+LINDECAY_FUNCTION = '''
+# A linear position decay, w_j = 1 - (j-1)/B.
+def _lindecay_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits) -> Tensor:
+    positions = torch.arange(valid.shape[-1], device=valid.device, dtype=confidence.dtype)
+    return (1 - (positions - 1).clamp(min=0) / valid.shape[-1]) * valid.to(confidence.dtype)
+'''
+LINDECAY_RECORD = '''
+    Objective("lindecay", "Linear decay", {}, "weight", _lindecay_weights, table_rank=2, color="#bcbd22",
+              caption="weights position $j$ by $1-(j-1)/B$"),
+)}'''
+
+
+def with_lindecay(source: str) -> str:
+    """dpace/objectives.py's ``source`` with docs/objectives.md's recipe applied for ``lindecay``: one weight
+    function above the registry, one record at its end."""
+    registry = source.index("# --------------------------------------------------------------------------- the registry")
+    source = source[:registry] + LINDECAY_FUNCTION.lstrip("\n") + "\n\n" + source[registry:]
+    end = source.index("\n)}", source.index("REGISTRY: dict[str, Objective]"))
+    return source[:end] + LINDECAY_RECORD + source[end + len("\n)}"):]
+
+
 SMOKE = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
 BENCHMARKS = SMOKE["data"]["benchmarks"]
 TEMPERATURES = SMOKE["eval"]["temperatures"]

@@ -1,4 +1,5 @@
 # Shared helpers: the variant registry (dpace.config) and paths. Imported by every stage file.
+import functools
 import os
 import re
 import sys
@@ -39,9 +40,13 @@ SCRATCH = f"{RESULTS}/scratch"
 IMPORTED = sorted({training_data(config, name) for name, t in config["targets"].items() if t.get("responses")})
 
 
-def script_fingerprint(script):
-    """A job's code fingerprint: every dpace module its script (workflow/scripts/<script>) imports."""
-    return fingerprint.script_fingerprint(Path(workflow.basedir) / "workflow" / "scripts" / script)
+@functools.cache
+def script_fingerprint(script, objective=None):
+    """A job's code fingerprint: every dpace module its script (workflow/scripts/<script>) imports; with
+    ``objective`` (a training job), of dpace.objectives only the shared code and that objective's record and
+    weight function, so a new or edited objective retrains only its own drafters."""
+    path = Path(workflow.basedir) / "workflow" / "scripts" / script
+    return fingerprint.script_fingerprint(path, objective=objective)
 
 
 def features_dir(target):

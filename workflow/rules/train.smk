@@ -35,7 +35,7 @@ rule train_drafter:
         seed=lambda wildcards: variant(wildcards).seed(config["seed"]),
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
-        code=script_fingerprint("train_drafter.py"),
+        code=lambda wildcards: script_fingerprint("train_drafter.py", variant(wildcards).objective),
     threads: JOB_THREADS
     resources:
         # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two.
