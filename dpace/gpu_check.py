@@ -17,7 +17,7 @@ Meant to finish in under 5 minutes on one H200 (the budget in docs/gpu.md is an 
 
 By default the smoke DAG is cut to what checks every stage with few jobs (each job pays 15-30 s of
 Python, torch and CUDA start-up): two benchmarks (GSM8K, and MT-Bench for the multi-turn path) and one
-drafter (D-PACE) to Table 1, 10 jobs; DFlash trains in part 2. ``--full`` keeps the whole smoke config.
+drafter (D-PACE) to Table 1, 11 jobs (the shared reference answers of replayed tau among them); DFlash trains in part 2. ``--full`` keeps the whole smoke config.
 The check's target is the smoke target widened to head_dim 64 (hidden 256, 4 heads, so that SGLang's
 attention kernels accept it) with logit_scale 2: its greedy answers repeat one token, which a drafter
 learns in a few dozen steps (the DAG fails if tau at T = 0 is not above 1). Training runs in bf16 + flex_attention, evaluation in bf16 (the paper's
