@@ -17,6 +17,7 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
+from dpace.train_config import train_knobs
 from dpace import fingerprint
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
