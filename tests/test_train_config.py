@@ -139,9 +139,11 @@ def test_python_enum_lists_are_the_schemas():
     assert sorted(data["train_set"]["oneOf"][0]["enum"]) == sorted(TRAIN_SETS)
     modes = load_schema()["properties"]["experiments"]["properties"]["normalization"]["properties"]["modes"]
     assert tuple(modes["items"]["enum"]) == NORMALIZATIONS
+    from dpace.generation import BACKENDS
     from dpace.training import PRECISIONS
 
-    assert set(schema_enum("train", "precision")) == {*PRECISIONS, "auto"}
+    assert set(schema_enum("train", "precision")) == {*PRECISIONS, "auto"}  # autocast's dtype of each
+    assert set(schema_enum("responses", "backend")) == set(BACKENDS)  # the function that answers with each
 
 
 def test_train_config_enums_are_checked_against_the_schema():

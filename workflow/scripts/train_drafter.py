@@ -50,5 +50,7 @@ elif params.backend == "local":
             scratch_dir=params.scratch,
         )
 else:
-    raise ValueError(f"train.backend={params.backend!r}; valid: local, specforge")
+    from dpace.schema import schema_enum
+
+    raise ValueError(f"train.backend={params.backend!r}; valid: {', '.join(schema_enum('train', 'backend'))}")
 print(summary)
