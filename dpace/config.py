@@ -15,7 +15,6 @@ from pathlib import Path
 from dpace.conversations import dataset_name
 from dpace.data import TRAIN_SETS, mixture_name
 from dpace.objectives import (
-    NORMALIZATIONS,
     REGISTRY,
     canonical_objective,
     resolve_hparams,
@@ -103,7 +102,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
             normalization = None
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
-    training_seed = train.get("seed")
+    training_seed = train["seed"]
     seed = None if training_seed is None or training_seed == config["seed"] else int(training_seed)
     return Variant(
         target=target,
@@ -121,7 +120,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
 def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
     """``variant`` at each of train.seeds consecutive training seeds, its own first. A seed equal to the
     top-level seed is named without a suffix, as a drafter trained with it always is."""
-    seeds = int(config["train"].get("seeds", 1))
+    seeds = int(config["train"]["seeds"])
     if seeds == 1:
         return [variant]
     first = variant.seed(config["seed"])
@@ -130,8 +129,9 @@ def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
 
 def experiments(config: dict) -> dict[str, Experiment]:
     """Expand ``config["experiments"]`` into the variants of every experiment that is configured."""
+    config = with_schema_defaults(config)
     main_target = config["main_target"]
-    spec = config.get("experiments", {})
+    spec = config["experiments"]
     out: dict[str, Experiment] = {}
 
     if "main" in spec:
@@ -140,7 +140,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
         # cosine schedule ends there); "ablation-run" trains experiments.ablation.epochs and reads
         # epoch train.epochs part-way through the schedule, as Table 3 does (the paper's Table 3
         # epoch-6 values equal its Table 1's, which suggests this reading).
-        checkpoint = e.get("checkpoint", "final")
+        checkpoint = e["checkpoint"]
         run_epochs, eval_epoch = None, None
         if checkpoint == "ablation-run":
             run_epochs = spec.get("ablation", {}).get("epochs")
@@ -159,7 +159,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
         e = spec["cross_model"]
         variants = []
         for entry in e["targets"]:
-            for objective in e.get("objectives", ["dflash", "dpace"]):
+            for objective in e["objectives"]:
                 variants.append(_variant(config, entry["target"], objective, depth=entry.get("depth"),
                                          block_size=entry.get("block_size"), where="experiments.cross_model"))
         out["cross_model"] = Experiment("cross_model", variants)
@@ -167,7 +167,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
         e = spec["ablation"]
         out["ablation"] = Experiment("ablation", [
             _variant(config, main_target, objective, epochs=e.get("epochs"), where="experiments.ablation")
-            for objective in e.get("objectives", ["dflash", "dpace-continuation", "dpace-cumulative", "dpace"])
+            for objective in e["objectives"]
         ], every_epoch=True)
     if "smoothing" in spec:
         e = spec["smoothing"]
@@ -197,18 +197,26 @@ def experiments(config: dict) -> dict[str, Experiment]:
         e = spec["extras"]
         out["extras"] = Experiment("extras", [
             _variant(config, main_target, objective, where="experiments.extras.objectives")
-            for objective in e.get("objectives", ["dflash", "dpace", "dpakl", "pard2-cat"])
+            for objective in e["objectives"]
         ])
     if "normalization" in spec:
         e = spec["normalization"]
         out["normalization"] = Experiment("normalization", [
             _variant(config, main_target, "dflash", where="experiments.normalization"),  # the reference row
             *(_variant(config, main_target, "dpace", normalization=mode, where="experiments.normalization.modes")
-              for mode in e.get("modes", NORMALIZATIONS)),
+              for mode in e["modes"]),
         ])
     for experiment in out.values():  # train.seeds: every drafter at each seed, its seeds side by side
         experiment.variants = [seeded for v in experiment.variants for seeded in _seed_replicates(config, v)]
     return out
+
+
+def with_schema_defaults(config: dict) -> dict:
+    """A copy of ``config`` with the schema's defaults filled in: what ``validate_config`` makes of it, for
+    callers that expand a config they have not validated (tests, benchmarks)."""
+    filled = copy.deepcopy(config)
+    _fill_defaults(filled, load_schema())
+    return filled
 
 
 def all_variants(config: dict) -> dict[tuple[str, str], Variant]:

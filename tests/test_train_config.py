@@ -138,7 +138,7 @@ def test_python_enum_lists_are_the_schemas():
     assert sorted(data["benchmarks"]["items"]["enum"]) == sorted(BENCHMARKS)
     assert sorted(data["train_set"]["oneOf"][0]["enum"]) == sorted(TRAIN_SETS)
     modes = load_schema()["properties"]["experiments"]["properties"]["normalization"]["properties"]["modes"]
-    assert tuple(modes["items"]["enum"]) == NORMALIZATIONS
+    assert tuple(modes["items"]["enum"]) == tuple(modes["default"]) == NORMALIZATIONS
     from dpace.generation import BACKENDS
     from dpace.training import PRECISIONS
 
@@ -171,3 +171,16 @@ def test_random_targets_take_logit_scale_from_the_schema(monkeypatch):
     assert _random_model(64, spec, 0).lm_head.weight.mul(4).allclose(default)
     config = smoke_config()
     assert config["targets"]["tiny"]["logit_scale"] == 2.0 and config["targets"]["tiny"]["trust_remote_code"] is False
+
+
+def test_experiments_take_their_default_objectives_from_the_schema(monkeypatch):
+    from dpace.config import experiments
+
+    config = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())  # not validated
+    config["experiments"]["extras"] = {}
+    assert [v.objective for v in experiments(config)["extras"].variants] == ["dflash", "dpace", "dpakl", "pard2-cat"]
+    assert "objectives" not in config["experiments"]["extras"]  # the caller's config is left as it was
+    schema = copy.deepcopy(load_schema())
+    schema["properties"]["experiments"]["properties"]["extras"]["properties"]["objectives"]["default"] = ["dflash", "dpakl"]
+    monkeypatch.setattr(config_module, "load_schema", lambda *args: schema)
+    assert [v.objective for v in experiments(config)["extras"].variants] == ["dflash", "dpakl"]
