@@ -10,8 +10,10 @@ Imports nothing heavy: the Snakefile reads it while it parses.
 
 from __future__ import annotations
 
+import re
 from collections.abc import Iterable, Mapping
 from dataclasses import dataclass
+from pathlib import Path
 from typing import Any
 
 
@@ -54,6 +56,19 @@ TABLES = [name for name, artifact in ARTIFACTS.items() if artifact.kind == "tabl
 FIGURES = [name for name, artifact in ARTIFACTS.items() if artifact.kind == "figure"]
 # The experiment whose drafters the reference drafters are.
 REFERENCE_EXPERIMENT = "main"
+# Where one evaluation's summary lies under results/: rule evaluate's output (its fields are the rule's
+# wildcards), what an experiment's metrics ask for (common.smk), and what they parse back (eval_location).
+EVAL_SUMMARY = "eval/{target}/{variant}/epoch-{epoch}/{suite}/summary.json"
+_EVAL_SUMMARY_PATTERN = re.compile(
+    r"(?:^|/)" + re.sub(r"\\\{(\w+)\\\}", lambda field: rf"(?P<{field.group(1)}>[^/]+)", re.escape(EVAL_SUMMARY)) + "$")
+
+
+def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
+    """``results/<EVAL_SUMMARY>`` -> (target, variant, epoch, suite)."""
+    match = _EVAL_SUMMARY_PATTERN.search(Path(summary_path).as_posix())
+    if match is None:
+        raise ValueError(f"{summary_path} is not an evaluation summary (results/{EVAL_SUMMARY})")
+    return match["target"], match["variant"], int(match["epoch"]), match["suite"]
 
 
 def _field(drafter: Any, key: str):

@@ -9,7 +9,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpace.experiments import ARTIFACTS, REFERENCE_EXPERIMENT, reference_drafter
+from dpace.experiments import ARTIFACTS, REFERENCE_EXPERIMENT, eval_location, reference_drafter
 from dpace.intervals import experiment_comparisons
 from dpace.io import atomic_write_text
 from dpace.metrics_frame import mean_over_seeds
@@ -26,13 +26,6 @@ METRIC_COLUMNS = [
 ]
 REPLAY_CHECK_COLUMNS = {"replay_compared": "requests_compared", "replay_equal": "equal", "replay_ties": "ties",
                         "replay_failures": "failures"}
-
-
-def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
-    """``results/eval/<target>/<variant>/epoch-<e>/<suite>/summary.json`` -> its parts."""
-    parts = Path(summary_path).parts
-    target, variant, epoch_dir, suite = parts[-5], parts[-4], parts[-3], parts[-2]
-    return target, variant, int(epoch_dir.removeprefix("epoch-")), suite
 
 
 def experiment_metrics(

@@ -8,11 +8,12 @@ import inspect
 import re
 
 import pytest
+import yaml
 from workflow_runs import snakemake, write_config
 
 from dpace import figures, tables
-from dpace.config import Variant
-from dpace.experiments import ARTIFACTS, FIGURES, TABLES, reference_drafter
+from dpace.config import Variant, all_variants, with_schema_defaults
+from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, eval_location, reference_drafter
 from dpace.report import _renderers, render_artifact
 
 
@@ -40,6 +41,18 @@ def test_every_artifact_is_a_snakemake_target(tmp_path, mirror):
     assert result.returncode == 0, text
     planned = set(re.findall(r"output: results/((?:table|fig)_\w+)\.(?:tex|pdf)", text))
     assert planned == set(ARTIFACTS)
+    # Rule evaluate writes its summaries where the metrics parse them back from (EVAL_SUMMARY).
+    summaries = re.findall(r"output: (results/eval/\S+/summary\.json)", text)
+    variants = all_variants(with_schema_defaults(yaml.safe_load(write_config(tmp_path).read_text())))
+    assert summaries and all(eval_location(path)[:2] in variants for path in summaries)
+
+
+def test_an_evaluation_path_is_parsed_back_into_what_built_it():
+    path = "/run/results/" + EVAL_SUMMARY.format(target="qwen3-4b", variant="dpace-alpha0.5-d3-b16-e6", epoch=6,
+                                                 suite="full")
+    assert eval_location(path) == ("qwen3-4b", "dpace-alpha0.5-d3-b16-e6", 6, "full")
+    with pytest.raises(ValueError, match="is not an evaluation summary"):
+        eval_location("/run/results/eval/qwen3-4b/autoregressive-baseline.jsonl")
 
 
 def variant(objective: str, depth: int, block_size: int) -> Variant:

@@ -17,7 +17,7 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
-from dpace.experiments import ARTIFACTS, FIGURES, TABLES, reference_drafter
+from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, reference_drafter
 from dpace.train_config import train_knobs
 from dpace import fingerprint
 
@@ -65,7 +65,7 @@ def variant(wildcards):
 
 
 def eval_summary(target, variant_id, epoch, suite):
-    return f"{RESULTS}/eval/{target}/{variant_id}/epoch-{epoch}/{suite}/summary.json"
+    return f"{RESULTS}/" + EVAL_SUMMARY.format(target=target, variant=variant_id, epoch=epoch, suite=suite)
 
 
 def experiment_evaluations(name):
