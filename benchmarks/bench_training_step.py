@@ -40,8 +40,9 @@ def main() -> None:
 
     results = Path(args.run_dir) / "results"
     features = load_features(results / "features" / args.target / args.dataset).select(range(args.sequences))
-    config = TrainConfig(
-        objective="dflash", objective_hparams={"gamma": 4.0}, block_size=8, num_anchors=args.num_anchors, epochs=1,
+    config = TrainConfig.from_config(
+        {}, objective="dflash", objective_hparams={"gamma": 4.0}, depth=1, block_size=8, num_anchors=args.num_anchors,
+        epochs=1, micro_batch_size=2, grad_accumulation=2, seed=0,
         precision=args.precision, draft_vocab_size=args.draft_vocab_size, sliding_window=args.sliding_window,
         threads=args.threads, save_every_steps=10**9,
     )

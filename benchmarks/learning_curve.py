@@ -179,8 +179,8 @@ def run(args) -> dict:
                           **ngram_first_position(train_set, heldout)}))
         return {}
     hparams = {"alpha": 0.5} if args.objective.startswith("dpace") else {}
-    config = TrainConfig(
-        objective=args.objective, objective_hparams=hparams, depth=args.depth, block_size=args.block_size,
+    config = TrainConfig.from_config(
+        {}, seed=0, objective=args.objective, objective_hparams=hparams, depth=args.depth, block_size=args.block_size,
         num_anchors=args.num_anchors, epochs=args.epochs, learning_rate=args.learning_rate,
         precision=args.precision, drafter_init=args.drafter_init, micro_batch_size=args.micro_batch_size,
         grad_accumulation=args.grad_accumulation, threads=args.threads, save_every_steps=10**9,

@@ -18,14 +18,11 @@ import sys
 import tempfile
 from pathlib import Path
 
+from dpace.experiments import ARTIFACTS
+
 REPO = Path(__file__).resolve().parents[1]
-TARGETS = [
-    "results/table_main.tex", "results/table_cross_model.tex", "results/table_ablation.tex",
-    "results/table_block_size.tex", "results/table_smoothing.tex", "results/table_target_prob.tex",
-    "results/table_training_time.tex", "results/table_correlation.tex", "results/table_objectives_extra.tex",
-    "results/table_normalization.tex", "results/fig_motivation.pdf", "results/fig_weight_dynamics.pdf",
-    "results/fig_tau_trajectory.pdf", "ablations", "sweeps", "figures", "all",
-]
+# Every table and figure (dpace.experiments.ARTIFACTS), then the group targets of workflow/rules/report.smk.
+TARGETS = [f"results/{artifact.file}" for artifact in ARTIFACTS.values()] + ["ablations", "sweeps", "figures", "all"]
 
 
 def planned_benchmark_files(target: str, configfile: Path | None) -> list[str]:

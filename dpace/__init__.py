@@ -10,11 +10,14 @@ One module per concern; none of them knows about Snakemake:
                    SGLang on GPU)
 - ``features``     cached target hidden states for drafter training
 - ``training``     the drafter training loop (``training_records``: its steps.jsonl and summary.json;
-                   ``draft_vocab``: the optional pruned draft vocabulary)
+                   ``draft_vocab``: the optional pruned draft vocabulary; ``train_config``: its settings,
+                   built from the config's train section)
 - ``decoding``     speculative and autoregressive decoding with per-block records
 - ``evaluation``   tau / speedup on the six benchmarks
 - ``tables``, ``figures``  rendering the paper's tables and figures from a tidy metrics CSV
-                   (``metrics_frame``: the row selection they share)
+                   (``metrics_frame``: the row selection they share; ``experiments``: the registry of
+                   every table and figure, what it reads and which reference drafters it draws)
+- ``config``, ``schema``  the config's checks and experiments; the schema's defaults and enums
 """
 
 __version__ = "0.1.0"

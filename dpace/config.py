@@ -13,8 +13,14 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dpace.conversations import dataset_name
-from dpace.data import BENCHMARKS, TRAIN_SETS, mixture_name
-from dpace.objectives import REGISTRY, canonical_objective, resolve_hparams, resolve_normalization
+from dpace.data import TRAIN_SETS, mixture_name
+from dpace.objectives import (
+    REGISTRY,
+    canonical_objective,
+    resolve_hparams,
+    resolve_normalization,
+)
+from dpace.schema import SCHEMA, load_schema
 
 
 class ConfigError(ValueError):
@@ -96,7 +102,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
             normalization = None
     except ValueError as error:
         raise ConfigError(f"{where}: {error}") from None
-    training_seed = train.get("seed")
+    training_seed = train["seed"]
     seed = None if training_seed is None or training_seed == config["seed"] else int(training_seed)
     return Variant(
         target=target,
@@ -114,7 +120,7 @@ def _variant(config: dict, target: str, objective: str, *, depth=None, block_siz
 def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
     """``variant`` at each of train.seeds consecutive training seeds, its own first. A seed equal to the
     top-level seed is named without a suffix, as a drafter trained with it always is."""
-    seeds = int(config["train"].get("seeds", 1))
+    seeds = int(config["train"]["seeds"])
     if seeds == 1:
         return [variant]
     first = variant.seed(config["seed"])
@@ -123,8 +129,9 @@ def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
 
 def experiments(config: dict) -> dict[str, Experiment]:
     """Expand ``config["experiments"]`` into the variants of every experiment that is configured."""
+    config = with_schema_defaults(config)
     main_target = config["main_target"]
-    spec = config.get("experiments", {})
+    spec = config["experiments"]
     out: dict[str, Experiment] = {}
 
     if "main" in spec:
@@ -133,7 +140,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
         # cosine schedule ends there); "ablation-run" trains experiments.ablation.epochs and reads
         # epoch train.epochs part-way through the schedule, as Table 3 does (the paper's Table 3
         # epoch-6 values equal its Table 1's, which suggests this reading).
-        checkpoint = e.get("checkpoint", "final")
+        checkpoint = e["checkpoint"]
         run_epochs, eval_epoch = None, None
         if checkpoint == "ablation-run":
             run_epochs = spec.get("ablation", {}).get("epochs")
@@ -152,7 +159,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
         e = spec["cross_model"]
         variants = []
         for entry in e["targets"]:
-            for objective in e.get("objectives", ["dflash", "dpace"]):
+            for objective in e["objectives"]:
                 variants.append(_variant(config, entry["target"], objective, depth=entry.get("depth"),
                                          block_size=entry.get("block_size"), where="experiments.cross_model"))
         out["cross_model"] = Experiment("cross_model", variants)
@@ -160,7 +167,7 @@ def experiments(config: dict) -> dict[str, Experiment]:
         e = spec["ablation"]
         out["ablation"] = Experiment("ablation", [
             _variant(config, main_target, objective, epochs=e.get("epochs"), where="experiments.ablation")
-            for objective in e.get("objectives", ["dflash", "dpace-continuation", "dpace-cumulative", "dpace"])
+            for objective in e["objectives"]
         ], every_epoch=True)
     if "smoothing" in spec:
         e = spec["smoothing"]
@@ -190,18 +197,26 @@ def experiments(config: dict) -> dict[str, Experiment]:
         e = spec["extras"]
         out["extras"] = Experiment("extras", [
             _variant(config, main_target, objective, where="experiments.extras.objectives")
-            for objective in e.get("objectives", ["dflash", "dpace", "dpakl", "pard2-cat"])
+            for objective in e["objectives"]
         ])
     if "normalization" in spec:
         e = spec["normalization"]
         out["normalization"] = Experiment("normalization", [
             _variant(config, main_target, "dflash", where="experiments.normalization"),  # the reference row
             *(_variant(config, main_target, "dpace", normalization=mode, where="experiments.normalization.modes")
-              for mode in e.get("modes", ["batch", "anchor", "weight", "token"])),
+              for mode in e["modes"]),
         ])
     for experiment in out.values():  # train.seeds: every drafter at each seed, its seeds side by side
         experiment.variants = [seeded for v in experiment.variants for seeded in _seed_replicates(config, v)]
     return out
+
+
+def with_schema_defaults(config: dict) -> dict:
+    """A copy of ``config`` with the schema's defaults filled in: what ``validate_config`` makes of it, for
+    callers that expand a config they have not validated (tests, benchmarks)."""
+    filled = copy.deepcopy(config)
+    _fill_defaults(filled, load_schema())
+    return filled
 
 
 def all_variants(config: dict) -> dict[tuple[str, str], Variant]:
@@ -235,24 +250,23 @@ def training_prompt_counts(config: dict) -> dict[str, int]:
 
 
 def check_config(config: dict) -> None:
-    """Checks beyond the schema; each failure names the key and what is allowed."""
+    """Checks beyond the schema; each failure names the key and what is allowed. Enums (benchmark names,
+    train.precision, ...) are the schema's alone. Fills the schema's defaults first, as validate_config does."""
+    _fill_defaults(config, load_schema())
     if config["main_target"] not in config["targets"]:
         raise ConfigError(f"main_target: {config['main_target']!r} is not one of targets {sorted(config['targets'])}")
-    for name in config["data"]["benchmarks"]:
-        if name not in BENCHMARKS:
-            raise ConfigError(f"data.benchmarks: unknown benchmark {name!r}; valid: {sorted(BENCHMARKS)}")
     counts = config["data"]["prompts_per_benchmark"]
     if isinstance(counts, dict):
         missing = [name for name in config["data"]["benchmarks"] if name not in counts]
         if missing:
             raise ConfigError(f"data.prompts_per_benchmark: no count for benchmark(s) {missing}")
     training_prompt_counts(config)
-    if config["train"].get("drafter_init", "random") != "random" and config["train"]["backend"] != "local":
+    if config["train"]["drafter_init"] != "random" and config["train"]["backend"] != "local":
         raise ConfigError(
             f"train.drafter_init: {config['train']['drafter_init']!r} needs train.backend local "
             "(SpecForge initialises its drafter at random); valid with specforge: random"
         )
-    scaling = config["train"].get("feature_scaling", "none")
+    scaling = config["train"]["feature_scaling"]
     if scaling != "none":
         if config["train"]["backend"] != "local":
             raise ConfigError(f"train.feature_scaling: {scaling!r} needs train.backend local "
@@ -260,7 +274,7 @@ def check_config(config: dict) -> None:
         if config["features"]["mode"] != "cached":
             raise ConfigError(f"train.feature_scaling: {scaling!r} reads each feature's RMS from the cached "
                               "features; it needs features.mode: cached")
-        if config["train"].get("drafter_init", "random") == "target":
+        if config["train"]["drafter_init"] == "target":
             raise ConfigError(f"train.feature_scaling: {scaling!r} cannot start from drafter_init: target, "
                               "which passes the raw deepest feature through fc")
     # Settings only this project's own loop and decoder implement; the engines would silently ignore them.
@@ -269,7 +283,7 @@ def check_config(config: dict) -> None:
         "sliding_window": "not checked with SpecForge's trainer or SGLang's DFlash worker",
     }
     for key, why in local_only.items():
-        if config["train"].get(key, 0):
+        if config["train"][key]:
             engines = [f"{stage}.backend: {config[stage]['backend']}" for stage in ("train", "eval")
                        if config[stage]["backend"] != "local"]
             if engines:
@@ -277,7 +291,7 @@ def check_config(config: dict) -> None:
                     f"train.{key}: {config['train'][key]} needs the local backends ({why}), "
                     f"not {', '.join(engines)}; valid there: 0"
                 )
-    for name in config["train"].get("objective_hparams", {}):
+    for name in config["train"].get("objective_hparams", {}):  # optional, no default
         if name not in REGISTRY:
             raise ConfigError(f"train.objective_hparams: unknown objective {name!r}; valid: {list(REGISTRY)}")
     features = config["features"]
@@ -331,7 +345,6 @@ def apply_command_line_types(config: dict, overrides: dict, *, nested: bool = Fa
             config[key] = _yaml_typed(value)
 
 
-SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.schema.yaml"
 
 
 def _key_path(path) -> str:
@@ -339,12 +352,18 @@ def _key_path(path) -> str:
 
 
 def _fill_defaults(instance: dict, schema: dict) -> None:
-    """Set every absent key that the schema gives a ``default`` (the one place defaults are written)."""
+    """Set every absent key that the schema gives a ``default`` (the one place defaults are written),
+    also inside each entry of a mapping of named entries (targets)."""
     for key, spec in schema.get("properties", {}).items():
         if key not in instance and "default" in spec:
             instance[key] = copy.deepcopy(spec["default"])
         if isinstance(instance.get(key), dict):
             _fill_defaults(instance[key], spec)
+    entries = schema.get("additionalProperties")
+    if isinstance(entries, dict) and "properties" in entries:
+        for key, value in instance.items():
+            if key not in schema.get("properties", {}) and isinstance(value, dict):
+                _fill_defaults(value, entries)
 
 
 def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> None:
@@ -352,9 +371,8 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> None:
     with one line naming the key and what is allowed. Fills the schema's defaults into ``config``
     first, so that the rules and scripts read every key without defaults of their own."""
     import jsonschema
-    import yaml
 
-    schema = yaml.safe_load(Path(schema_path).read_text())
+    schema = load_schema(schema_path)
     _fill_defaults(config, schema)
     validator = jsonschema.Draft202012Validator(schema)
     errors = sorted(validator.iter_errors(config), key=lambda e: (len(e.absolute_path), list(map(str, e.absolute_path))))

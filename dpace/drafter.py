@@ -123,10 +123,6 @@ def build_drafter(config: Qwen3Config, seed: int = 0, attention_backend: str = "
         return DFlashDraftModel(config).float()
 
 
-DRAFTER_INITS = ("random", "target")
-FEATURE_SCALINGS = ("none", "rms")
-
-
 def with_raw_feature_input(drafter, feature_scale: torch.Tensor):
     """A copy of ``drafter`` that takes raw target features, for one trained on features / ``feature_scale``.
 

@@ -18,6 +18,7 @@ from tqdm import tqdm
 
 from dpace.drafter import default_target_layer_ids
 from dpace.io import atomic_folder, atomic_write_json, read_jsonl
+from dpace.schema import schema_enum
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
 STORE_DTYPE = torch.bfloat16
@@ -181,8 +182,8 @@ def compute_features(
     CPUs with AMX; ``auto`` takes it where it is native, see ``targets.resolve_dtype``); features are
     stored in bf16 either way, and the index records the precision they were captured in.
     """
-    if mode not in ("cached", "online"):
-        raise ValueError(f"features.mode must be 'cached' or 'online', got {mode!r}")
+    if mode not in schema_enum("features", "mode"):
+        raise ValueError(f"features.mode {mode!r}; valid: {', '.join(schema_enum('features', 'mode'))}")
     target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, resolve_dtype(dtype, device)))
     if layer_ids is None:
         layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)

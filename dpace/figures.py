@@ -27,14 +27,13 @@ from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 
 from dpace import metrics_frame, tables
+from dpace.experiments import ARTIFACTS, FIGURES
 from dpace.io import atomic_file
 from dpace.objectives import REGISTRY
 
 __all__ = [
     "STYLE",
-    "fig_motivation",
-    "fig_tau_trajectory",
-    "fig_weight_dynamics",
+    *FIGURES,  # one function per figure of the registry (dpace.experiments.ARTIFACTS)
     "motivation_data",
     "motivation_figure",
     "objective_color",
@@ -114,7 +113,7 @@ def surrogate_bins(blocks: pd.DataFrame, n_bins: int = 12) -> pd.DataFrame:
 def tau_gain_bars(
     metrics: pd.DataFrame,
     *,
-    experiments: Sequence[str] = ("main", "cross_model"),
+    experiments: Sequence[str] = ARTIFACTS["fig_motivation"].experiments,
     temperature: float = 0.0,
     epoch: int | None = None,
 ) -> pd.DataFrame:
@@ -166,7 +165,7 @@ def motivation_data(
     benchmark: str | None = "math500",
     temperature: float = 0.0,
     n_bins: int = 12,
-    experiments: Sequence[str] = ("main", "cross_model"),
+    experiments: Sequence[str] = ARTIFACTS["fig_motivation"].experiments,
     epoch: int | None = None,
 ) -> dict[str, object]:
     """Everything Figure 1 draws: the selected blocks, their bins, Spearman rho and the bars

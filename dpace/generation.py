@@ -23,6 +23,7 @@ import torch
 from tqdm import tqdm
 
 from dpace.io import JsonlAppender, atomic_write_json, atomic_write_jsonl, read_jsonl, read_partial_jsonl
+from dpace.schema import schema_enum
 from dpace.targets import (
     chat_prompt_ids,
     load_target,
@@ -137,7 +138,7 @@ BACKENDS = {"transformers": _generate_transformers, "sglang": _generate_sglang}
 # bfloat16 is the paper's GPU precision; on a CPU with AMX it makes batched decoding ~1.5x faster
 # than float32 (README, "Measured budgets"), at the price of answers that differ from float32 greedy;
 # on an AVX2-only CPU it is 4x slower. "auto" picks bfloat16 where it is native (targets.resolve_dtype).
-DTYPES = ("float32", "bfloat16", "auto")
+DTYPES = schema_enum("responses", "dtype")  # float32, bfloat16, auto
 
 
 def generate_responses(

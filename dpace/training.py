@@ -16,7 +16,7 @@ from __future__ import annotations
 
 import json
 import math
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import torch
@@ -24,8 +24,6 @@ from tqdm import tqdm
 
 from dpace.draft_vocab import select_draft_vocab
 from dpace.drafter import (
-    DRAFTER_INITS,
-    FEATURE_SCALINGS,
     build_drafter,
     drafter_config,
     initialise_from_target,
@@ -38,50 +36,8 @@ from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, input_check
 from dpace.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.online_model import ObjectiveDFlashModel
 from dpace.targets import load_target, native_bf16, target_checksum
+from dpace.train_config import TrainConfig, check_train_config
 from dpace.training_records import STEPS_FILE, run_summary, step_row, write_records
-
-
-@dataclass
-class TrainConfig:
-    objective: str = "dflash"
-    objective_hparams: dict = field(default_factory=dict)  # alpha / gamma / k, per objective
-    normalization: str | None = None  # None: as the released code (see dpace.objectives)
-    depth: int = 1
-    block_size: int = 16
-    mask_token: str = "<empty_output>"  # an unused special token fills the block's masked slots
-    mask_token_id: int | None = None  # overrides mask_token (Qwen3's 151669 has no token string)
-    num_anchors: int = 512
-    epochs: int = 6
-    learning_rate: float = 6e-4
-    warmup_ratio: float = 0.04
-    max_grad_norm: float = 1.0
-    micro_batch_size: int = 2
-    grad_accumulation: int = 2
-    weight_decay: float = 0.0
-    seed: int = 0
-    objective_chunk_blocks: int = 0  # >0 bounds logits memory with activation checkpointing
-    save_every_steps: int = 50  # resumable state cadence (optimizer steps)
-    threads: int = 0  # torch CPU threads; 0 keeps torch's default
-    device: str = "cpu"
-    # The paper's single-GPU setting is bf16 + flex_attention (SpecForge's defaults). bf16 autocasts
-    # the forward (weights, gradients and AdamW stay fp32); flex_attention builds SpecForge's block
-    # mask instead of a dense SDPA mask, which is what keeps 512 anchors x 2048 tokens in memory.
-    precision: str = "fp32"  # fp32 | bf16 | auto (bf16 where the device computes it natively: resolve_precision)
-    attention_backend: str = "sdpa"  # sdpa | flex_attention
-    # "random" as the paper; "target" starts the layers from the target's top layers (a named
-    # deviation for short CPU runs, applied to every objective alike: dpace.drafter.initialise_from_target).
-    drafter_init: str = "random"
-    # 0: the drafter proposes from the target's whole vocabulary (the paper). N > 0: from the N tokens
-    # most frequent in the training responses only, a named deviation that makes a CPU step ~4x
-    # cheaper (dpace.draft_vocab); applied to every objective alike.
-    draft_vocab_size: int = 0
-    # 0: every drafter layer attends to the whole context (the paper). W > 0: to the last W positions only
-    # (DFlash's sliding_attention layers), a named deviation (dpace.drafter.drafter_config).
-    sliding_window: int = 0
-    # "none": the drafter's fc reads the target's raw hidden states (the paper). "rms": it trains on each
-    # feature dimension divided by its RMS over the answers, and saves fc with the scale folded in, so the
-    # checkpoint decodes from raw states (a named deviation: dpace.drafter.with_raw_feature_input).
-    feature_scaling: str = "none"
 
 
 def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
@@ -113,8 +69,8 @@ def _lr_factor(step: int, total_steps: int, warmup_steps: int) -> float:
     return 0.5 * (1.0 + math.cos(math.pi * min(1.0, progress)))
 
 
+# The autocast dtype of each precision the schema allows (train.precision), once "auto" is resolved.
 PRECISIONS = {"fp32": None, "bf16": torch.bfloat16}
-ATTENTION_BACKENDS = ("sdpa", "flex_attention")
 
 
 def resolve_precision(precision: str, device: str = "cpu") -> str:
@@ -172,21 +128,12 @@ def train_drafter(
     interrupt training deterministically).
     """
     objective = canonical_objective(config.objective)
-    if config.precision not in (*PRECISIONS, "auto"):
-        raise ValueError(f"precision {config.precision!r}; valid: {', '.join(PRECISIONS)}, auto")
+    check_train_config(config)
     # Resolved before the resume fingerprint and the summary, which record the precision that trained.
     config = replace(config, precision=resolve_precision(config.precision, config.device))
-    if config.drafter_init not in DRAFTER_INITS:
-        raise ValueError(f"drafter_init {config.drafter_init!r}; valid: {', '.join(DRAFTER_INITS)}")
-    if config.feature_scaling not in FEATURE_SCALINGS:
-        raise ValueError(f"feature_scaling {config.feature_scaling!r}; valid: {', '.join(FEATURE_SCALINGS)}")
     if config.feature_scaling != "none" and config.drafter_init == "target":
         raise ValueError("drafter_init target passes the target's raw deepest feature through fc; "
                          "it cannot start from scaled features (feature_scaling: none)")
-    if config.draft_vocab_size < 0:
-        raise ValueError(f"draft_vocab_size must be >= 0 (0: the target's whole vocabulary), got {config.draft_vocab_size}")
-    if config.attention_backend not in ATTENTION_BACKENDS:
-        raise ValueError(f"attention_backend {config.attention_backend!r}; valid: {', '.join(ATTENTION_BACKENDS)}")
     device = torch.device(config.device)
     if config.attention_backend == "flex_attention" and device.type != "cuda":
         raise ValueError(

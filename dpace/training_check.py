@@ -127,8 +127,8 @@ def train_curve(target_json, features, work_dir: Path, *, device: str, precision
     the objective (tests break the loss with it, to see the comparison fail)."""
     from dpace.training import TrainConfig, train_drafter
 
-    config = TrainConfig(**CHECK["train"], seed=CHECK["seed"], device=device, precision=precision,
-                         attention_backend=attention_backend)
+    config = TrainConfig.from_config({}, **CHECK["train"], seed=CHECK["seed"], device=device, precision=precision,
+                                     attention_backend=attention_backend)
     out = work_dir / f"drafter-{device.replace(':', '')}-{precision}-{attention_backend}-x{objective_scale:g}"
     started = time.perf_counter()
     if objective_scale != 1.0:
@@ -167,11 +167,11 @@ def compare_curves(reference: list[float], losses: list[float], tolerance: float
 def initial_drafter_checksum(target, tokenizer, layer_ids: list[int]) -> float:
     """``target_checksum_of`` the drafter ``train_drafter`` starts from (its initialisation is transformers')."""
     from dpace.drafter import build_drafter, drafter_config
-    from dpace.training import TrainConfig
+    from dpace.schema import schema_defaults
 
     config = drafter_config(target.config, depth=CHECK["train"]["depth"], block_size=CHECK["train"]["block_size"],
                             target_layer_ids=layer_ids,
-                            mask_token_id=tokenizer.convert_tokens_to_ids(TrainConfig().mask_token))
+                            mask_token_id=tokenizer.convert_tokens_to_ids(schema_defaults("train")["mask_token"]))
     return target_checksum_of(build_drafter(config, seed=CHECK["seed"]))
 
 

@@ -107,7 +107,7 @@ def test_trained_checkpoint_carries_its_draft_vocabulary(tmp_path, tiny_target_j
     counts = torch.bincount(responses.long())
     assert min(counts[vocab]) >= max(c for i, c in enumerate(counts.tolist()) if i not in vocab)
     assert summary["config"]["draft_vocab_size"] == 6
-    with pytest.raises(ValueError, match="draft_vocab_size must be >= 0"):
+    with pytest.raises(ValueError, match="draft_vocab_size -1: -1 is less than the minimum of 0"):
         train_drafter(small_config(draft_vocab_size=-1), target_json=tiny_target_json,
                       features_dir=tmp_path / "features", out_dir=tmp_path / "bad", scratch_dir=tmp_path / "s2")
 

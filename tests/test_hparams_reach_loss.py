@@ -153,9 +153,9 @@ def features_dir(tmp_path_factory, tiny_target_json):
 @pytest.mark.parametrize("objective,name", CASES)
 def test_train_config_reaches_the_loss(monkeypatch, tmp_path, tiny_target_json, features_dir, objective, name):
     probe = LossProbe(monkeypatch)
-    config = TrainConfig(objective=objective, objective_hparams={name: TRIAL_VALUES[name]}, depth=1,
-                         block_size=BLOCK_SIZE, num_anchors=6, epochs=1, micro_batch_size=2, grad_accumulation=1,
-                         seed=0, threads=1)
+    config = TrainConfig.from_config({}, objective=objective, objective_hparams={name: TRIAL_VALUES[name]}, depth=1,
+                                     block_size=BLOCK_SIZE, num_anchors=6, epochs=1, micro_batch_size=2,
+                                     grad_accumulation=1, seed=0, threads=1)
     train_drafter(config, target_json=tiny_target_json, features_dir=features_dir, out_dir=tmp_path / "out",
                   scratch_dir=tmp_path / "scratch", stop_after_steps=1)
     probe.check_first_forward(objective, name, TRIAL_VALUES[name])

@@ -40,7 +40,7 @@ def small_config(**overrides) -> TrainConfig:
                     epochs=2, learning_rate=3e-3, micro_batch_size=2, grad_accumulation=2, save_every_steps=2,
                     seed=3, threads=1)
     settings.update(overrides)
-    return TrainConfig(**settings)
+    return TrainConfig.from_config({}, **settings)  # the schema's defaults for the rest
 
 
 def weights(folder: Path) -> dict:

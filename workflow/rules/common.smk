@@ -17,6 +17,8 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
+from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, reference_drafter
+from dpace.train_config import train_knobs
 from dpace import fingerprint
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
@@ -63,7 +65,7 @@ def variant(wildcards):
 
 
 def eval_summary(target, variant_id, epoch, suite):
-    return f"{RESULTS}/eval/{target}/{variant_id}/epoch-{epoch}/{suite}/summary.json"
+    return f"{RESULTS}/" + EVAL_SUMMARY.format(target=target, variant=variant_id, epoch=epoch, suite=suite)
 
 
 def experiment_evaluations(name):
@@ -79,34 +81,14 @@ def experiment_evaluations(name):
     return paths
 
 
-# Each artifact: the experiment it exists for, and the experiments whose rows it reads. Every
-# experiment holds its own DFlash reference, so a table never waits for drafters it does not show.
-ARTIFACTS = {
-    "table_main": {"requires": "main", "experiments": ["main"]},
-    "table_cross_model": {"requires": "main", "experiments": ["cross_model", "main"]},
-    "table_ablation": {"requires": "ablation", "experiments": ["ablation"]},
-    # In the paper's order (its LaTeX numbers the block-size table 4, the smoothing sweep 5).
-    "table_block_size": {"requires": "block_size", "experiments": ["block_size"]},
-    "table_smoothing": {"requires": "smoothing", "experiments": ["smoothing"]},
-    "table_target_prob": {"requires": "target_prob", "experiments": ["target_prob"]},
-    "table_training_time": {"requires": "main", "experiments": ["main"], "train": True},
-    "table_correlation": {"requires": "main", "experiments": ["main"], "blocks": True},
-    "table_objectives_extra": {"requires": "extras", "experiments": ["extras"]},
-    "table_normalization": {"requires": "normalization", "experiments": ["normalization"]},
-    "fig_motivation": {"requires": "main", "experiments": ["main", "cross_model"], "blocks": True},
-    "fig_weight_dynamics": {"requires": "main", "experiments": ["main"], "train": True},
-    "fig_tau_trajectory": {"requires": "ablation", "experiments": ["ablation"]},
-}
-TABLES = [name for name in ARTIFACTS if name.startswith("table_")]
-FIGURES = [name for name in ARTIFACTS if name.startswith("fig_")]
-
-
+# Each artifact (dpace.experiments.ARTIFACTS): the experiment it exists for, and the experiments whose rows
+# it reads. Every experiment holds its own DFlash reference, so a table never waits for drafters it does not show.
 def configured(names):
-    return [name for name in names if ARTIFACTS[name]["requires"] in EXPERIMENTS]
+    return [name for name in names if ARTIFACTS[name].requires in EXPERIMENTS]
 
 
 def artifact_paths(names):
-    return [f"{RESULTS}/{name}.tex" if name in TABLES else f"{RESULTS}/{name}.pdf" for name in configured(names)]
+    return [f"{RESULTS}/{ARTIFACTS[name].file}" for name in configured(names)]
 
 
 def report_targets():
@@ -115,17 +97,17 @@ def report_targets():
 
 
 def artifact_inputs(name):
-    spec = ARTIFACTS[name]
-    experiments = [e for e in spec["experiments"] if e in EXPERIMENTS]
+    artifact = ARTIFACTS[name]
+    experiments = [e for e in artifact.experiments if e in EXPERIMENTS]
     inputs = {
         "metrics": [f"{RESULTS}/metrics/{e}.csv" for e in experiments],
         "comparisons": [f"{RESULTS}/metrics/{e}_comparisons.csv" for e in experiments],
     }
-    if spec.get("blocks"):
+    if artifact.blocks:
         # The local decoder records per-block q with every evaluation; SGLang does not (local_blocks).
         local = config["eval"]["backend"] == "local"
         inputs["blocks"] = f"{RESULTS}/metrics/main_blocks.csv" if local else f"{RESULTS}/metrics/main_local_blocks.csv"
-    if spec.get("train"):
+    if artifact.train:
         inputs["train_steps"] = f"{RESULTS}/metrics/main_train_steps.csv"
         inputs["train_runs"] = f"{RESULTS}/metrics/main_train_runs.csv"
     return inputs

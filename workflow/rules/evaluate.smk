@@ -47,7 +47,7 @@ rule evaluate:
             f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl", benchmark=SUITES[wildcards.suite]["benchmarks"]
         ),
     output:
-        summary=f"{RESULTS}/eval/{{target}}/{{variant}}/epoch-{{epoch}}/{{suite}}/summary.json",
+        summary=f"{RESULTS}/{EVAL_SUMMARY}",  # dpace.experiments: the metrics parse it back
         blocks=f"{RESULTS}/eval/{{target}}/{{variant}}/epoch-{{epoch}}/{{suite}}/blocks.csv",
     log:
         f"{RESULTS}/logs/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.log",

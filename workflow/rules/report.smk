@@ -31,9 +31,8 @@ rule local_blocks:
     input:
         summaries=lambda wildcards: [
             eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, "blocks")
-            for v in sorted(EXPERIMENTS["main"].variants, key=lambda v: (v.depth, v.block_size))
-            if v.objective == "dflash"
-        ][:1],
+            for v in [reference_drafter(EXPERIMENTS["main"].variants, "dflash")]
+        ],
     output:
         metrics=f"{RESULTS}/metrics/main_local.csv",
         blocks=f"{RESULTS}/metrics/main_local_blocks.csv",

@@ -14,24 +14,11 @@ rule train_drafter:
         f"{RESULTS}/benchmarks/train/{{target}}/{{variant}}.tsv"
     params:
         settings=lambda wildcards: variant(wildcards).train_settings(),
-        mask_token=config["train"]["mask_token"],
         mask_token_id=lambda wildcards: config["targets"][wildcards.target].get("mask_token_id"),
         max_seq_length=config["features"]["max_seq_length"],
-        num_anchors=config["train"]["num_anchors"],
-        learning_rate=config["train"]["learning_rate"],
-        warmup_ratio=config["train"]["warmup_ratio"],
-        max_grad_norm=config["train"]["max_grad_norm"],
-        micro_batch_size=config["train"]["micro_batch_size"],
-        grad_accumulation=config["train"]["grad_accumulation"],
-        weight_decay=config["train"]["weight_decay"],
-        objective_chunk_blocks=config["train"]["objective_chunk_blocks"],
-        save_every_steps=config["train"]["save_every_steps"],
-        precision=config["train"]["precision"],
-        attention_backend=config["train"]["attention_backend"],
-        drafter_init=config["train"]["drafter_init"],
-        feature_scaling=config["train"]["feature_scaling"],
-        draft_vocab_size=config["train"]["draft_vocab_size"],
-        sliding_window=config["train"]["sliding_window"],
+        # Every knob of the train section that all drafters share (dpace.training.train_knobs): a new knob in
+        # the schema and TrainConfig reaches the job, and its cache key, with no line here.
+        train=train_knobs(config["train"]),
         seed=lambda wildcards: variant(wildcards).seed(config["seed"]),
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",

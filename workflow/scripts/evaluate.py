@@ -39,4 +39,6 @@ elif params.backend == "local":
                          features_path=snakemake.input.get("features"), decoded_prompts=params.decoded_prompts,
                          sampled_decoded_prompts=params.sampled_decoded_prompts, **common)
 else:
-    raise ValueError(f"eval.backend={params.backend!r}; valid: local, sglang")
+    from dpace.schema import schema_enum
+
+    raise ValueError(f"eval.backend={params.backend!r}; valid: {', '.join(schema_enum('eval', 'backend'))}")

@@ -8,50 +8,37 @@ from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402 (after the log re
 params = snakemake.params
 out_dir = Path(snakemake.output.summary).parent
 gpus = int(snakemake.resources.get("gpu", 0))
-# What both backends train with, beyond the variant's own settings.
-hyperparameters = {
-    name: getattr(params, name)
-    for name in ("num_anchors", "learning_rate", "warmup_ratio", "max_grad_norm", "micro_batch_size",
-                 "grad_accumulation", "weight_decay", "objective_chunk_blocks", "seed")
-}
+mask_token_id = None if params.mask_token_id is None else int(params.mask_token_id)
 
 if params.backend == "specforge":
     from dpace.specforge_backend import train_with_specforge
 
     with gpu_slot(gpus) as ids:
         summary = train_with_specforge(
-            {**params.settings, **hyperparameters},
+            {**params.train, **params.settings, "seed": params.seed},
             target_json=snakemake.input.target,
             features_dir=snakemake.input.features,
             out_dir=out_dir,
             scratch_dir=params.scratch,
             gpus=ids,
-            mask_token=params.mask_token,
-            mask_token_id=params.mask_token_id,
+            mask_token=params.train["mask_token"],
+            mask_token_id=mask_token_id,
             max_length=params.max_seq_length,
-            precision=params.precision,
-            attention_backend=params.attention_backend,
+            precision=params.train["precision"],
+            attention_backend=params.train["attention_backend"],
         )
 elif params.backend == "local":
     from dpace.training import TrainConfig, train_drafter
 
-    mask = {"mask_token": params.mask_token,
-            "mask_token_id": None if params.mask_token_id is None else int(params.mask_token_id)}
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
     with gpu_slot(1 if gpus and machine_gpu_ids() else 0) as ids:
         import torch
 
-        config = TrainConfig(
+        config = TrainConfig.from_config(
+            params.train,
             **params.settings,
-            **mask,
-            **hyperparameters,
-            save_every_steps=params.save_every_steps,
-            precision=params.precision,
-            attention_backend=params.attention_backend,
-            drafter_init=params.drafter_init,
-            feature_scaling=params.feature_scaling,
-            draft_vocab_size=params.draft_vocab_size,
-            sliding_window=params.sliding_window,
+            seed=params.seed,
+            mask_token_id=mask_token_id,
             threads=snakemake.threads,
             device="cuda" if ids and torch.cuda.is_available() else "cpu",
         )
@@ -63,5 +50,7 @@ elif params.backend == "local":
             scratch_dir=params.scratch,
         )
 else:
-    raise ValueError(f"train.backend={params.backend!r}; valid: local, specforge")
+    from dpace.schema import schema_enum
+
+    raise ValueError(f"train.backend={params.backend!r}; valid: {', '.join(schema_enum('train', 'backend'))}")
 print(summary)

@@ -1,0 +1,71 @@
+"""One registry of the paper's tables and figures (dpace.experiments): every artifact in it has a renderer
+and a Snakemake target, every table and figure function is in it, and Table 1's reference drafters are
+chosen in one place for the rules and the renderers."""
+
+from __future__ import annotations
+
+import inspect
+import re
+
+import pytest
+import yaml
+from workflow_runs import snakemake, write_config
+
+from dpace import figures, tables
+from dpace.config import Variant, all_variants, with_schema_defaults
+from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, eval_location, reference_drafter
+from dpace.report import _renderers, render_artifact
+
+
+def test_every_artifact_has_a_renderer_and_every_renderer_an_artifact():
+    assert list(_renderers()) == list(ARTIFACTS)
+    assert TABLES + FIGURES == list(ARTIFACTS)
+
+
+def test_every_table_and_figure_function_is_a_registered_artifact():
+    functions = [name for module in (tables, figures) for name, member in inspect.getmembers(module, inspect.isfunction)
+                 if re.match(r"(table|fig)_", name) and member.__module__ == module.__name__]
+    assert sorted(functions) == sorted(ARTIFACTS)
+
+
+def test_an_unknown_artifact_is_refused_by_name(tmp_path):
+    with pytest.raises(ValueError, match=r"unknown artifact 'table_nothing'; valid: table_main, "):
+        render_artifact("table_nothing", out=tmp_path / "x.tex")
+
+
+def test_every_artifact_is_a_snakemake_target(tmp_path, mirror):
+    """A dry run of `all` with the smoke config (every experiment) plans each registered file once, by
+    render_table or render_figure."""
+    result = snakemake(tmp_path, write_config(tmp_path), "-n", "all")
+    text = result.stdout + result.stderr
+    assert result.returncode == 0, text
+    planned = set(re.findall(r"output: results/((?:table|fig)_\w+)\.(?:tex|pdf)", text))
+    assert planned == set(ARTIFACTS)
+    # Rule evaluate writes its summaries where the metrics parse them back from (EVAL_SUMMARY).
+    summaries = re.findall(r"output: (results/eval/\S+/summary\.json)", text)
+    variants = all_variants(with_schema_defaults(yaml.safe_load(write_config(tmp_path).read_text())))
+    assert summaries and all(eval_location(path)[:2] in variants for path in summaries)
+
+
+def test_an_evaluation_path_is_parsed_back_into_what_built_it():
+    path = "/run/results/" + EVAL_SUMMARY.format(target="qwen3-4b", variant="dpace-alpha0.5-d3-b16-e6", epoch=6,
+                                                 suite="full")
+    assert eval_location(path) == ("qwen3-4b", "dpace-alpha0.5-d3-b16-e6", 6, "full")
+    with pytest.raises(ValueError, match="is not an evaluation summary"):
+        eval_location("/run/results/eval/qwen3-4b/autoregressive-baseline.jsonl")
+
+
+def variant(objective: str, depth: int, block_size: int) -> Variant:
+    return Variant(target="t", objective=objective, depth=depth, block_size=block_size, hparams=(),
+                   normalization=None, epochs=1)
+
+
+def test_the_reference_drafter_is_the_shallowest_for_the_rules_and_the_renderers():
+    variants = [variant("dpace", 1, 8), variant("dflash", 3, 4), variant("dflash", 2, 16), variant("dflash", 2, 8)]
+    assert reference_drafter(variants, "dflash").id == "dflash-d2-b8-e1"
+    assert reference_drafter(variants, "dpace").id == "dpace-d1-b8-e1"
+    # Metrics rows (report.ArtifactInputs.reference) pick the same drafter.
+    rows = [{"variant": v.id, "objective": v.objective, "depth": v.depth, "block_size": v.block_size} for v in variants]
+    assert reference_drafter(rows[::-1], "dflash")["variant"] == "dflash-d2-b8-e1"
+    with pytest.raises(ValueError, match=r"no 'dpakl' drafter in experiment 'main'"):
+        reference_drafter(variants, "dpakl")
