@@ -65,7 +65,7 @@ def variant(wildcards):
 
 
 def eval_summary(target, variant_id, epoch, suite):
-    return f"{RESULTS}/" + EVAL_SUMMARY.format(target=target, variant=variant_id, epoch=epoch, suite=suite)
+    return f"{RESULTS}/{EVAL_SUMMARY.format(target=target, variant=variant_id, epoch=epoch, suite=suite)}"
 
 
 def experiment_evaluations(name):
