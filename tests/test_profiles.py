@@ -17,7 +17,9 @@ PAPER = REPO / "workflow" / "configs" / "paper.yaml"
 GPU_RULES = {"generate_responses": 1, "train_drafter": 2, "autoregressive_baseline": 1, "evaluate": 1}
 # Table 1's Qwen3-4B trains on the DFlash authors' released answers: imported, not generated.
 TABLE_1_JOBS = {"benchmark_prompts": 6, "prepare_target": 1, "import_responses": 1,
-                "features": 1, "train_drafter": 8, "evaluate": 8, "experiment_metrics": 1}
+                "features": 1, "train_drafter": 8, "evaluate": 8, "experiment_metrics": 1,
+                # replayed tau: the target's answers and features, once, shared by every evaluation
+                "autoregressive_baseline": 1}
 
 
 def dry_run(tmp_path: Path, profile: str, target: str) -> str:
