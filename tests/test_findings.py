@@ -4,14 +4,17 @@ from __future__ import annotations
 
 import json
 import math
+import re
+import textwrap
 from pathlib import Path
 
 import numpy as np
 import pandas as pd
 import pytest
+import yaml
 
 from dpace import findings
-from dpace.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Region
+from dpace.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Finding, Region
 from dpace.intervals import COMPARISON_COLUMNS, paired_bootstrap, paired_contrast
 
 REPO = Path(__file__).resolve().parents[1]
@@ -232,3 +235,50 @@ def test_the_surrogate_predicts_block_tau_better_than_the_sum_of_q(tmp_path):
     blocks.rename(columns={"surrogate": "sum_q", "sum_q": "surrogate"}).to_csv(
         tmp_path / "metrics" / "main_blocks.csv", index=False)
     assert findings.findings([claims["t8-surrogate-rho-above-sum-q"]], tmp_path)[0].verdict == CONTRADICTED
+
+
+def recipe_claim() -> dict:
+    """The claim that docs/objectives.md's "Adding a claim to the scorecard" appends, read from that page."""
+    page = (REPO / "docs" / "objectives.md").read_text()
+    section = page.split("## Adding a claim to the scorecard", 1)[1].split("\n## ", 1)[0]
+    block = re.search(r"```yaml\n(.*?)```", section, re.S).group(1)
+    [claim] = yaml.safe_load(textwrap.dedent(block))
+    return claim
+
+
+def test_the_recipe_for_adding_a_claim_works_as_written(tmp_path):
+    claim = recipe_claim()
+    # Followed as written: the entry is the one in the claims file, it passes the file's checks, and its quote
+    # stands on its source line of the paper.
+    assert claim in findings.read_claims(CLAIMS)
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump([claim]))
+    assert findings.read_claims(path) == [claim]
+    if PAPER.exists():
+        line = int(claim["source"].rsplit(":", 1)[1])
+        assert claim["quote"] in (PAPER / "d-pace-arxiv-2605.18810.tex").read_text().splitlines()[line - 1]
+
+    results = tmp_path / "results"
+    [not_run] = findings.findings([claim], results)
+    assert not_run.verdict == NOT_RUN and "ablation_comparisons.csv" in not_run.note
+
+    def ablation_epochs(relative_gains: list[tuple[float, float, float]]) -> list[Finding]:
+        # MATH-500 rows of D-PACE against DFlash at each epoch (relative gain, interval), plus rows the
+        # claim must not read: the average, and another objective.
+        rows = [comparison_row(2, 5.0 * gain, 5.0 * low, 5.0 * high, experiment="ablation", benchmark="math500",
+                               epoch=epoch, reference_value=5.0) for epoch, (gain, low, high)
+                in enumerate(relative_gains, start=1)]
+        rows.append(comparison_row(2, -1.0, -1.2, -0.8, experiment="ablation", benchmark="avg", reference_value=5.0))
+        rows.append(comparison_row(2, -1.0, -1.2, -0.8, experiment="ablation", benchmark="math500",
+                                   objective="dpace-cumulative", reference_value=5.0))
+        write_comparisons(results, rows, experiment="ablation")
+        return findings.findings([claim], results)
+
+    holds = ablation_epochs([(0.12, 0.10, 0.14), (0.11, 0.095, 0.13), (0.13, 0.11, 0.145)])
+    assert [(f.cell, f.verdict) for f in holds] == [
+        (f"t d2 B16 T0 epoch {epoch}", REPRODUCED) for epoch in (1, 2, 3)]
+    assert holds[0].value == pytest.approx(0.12)
+    broken = ablation_epochs([(0.12, 0.10, 0.14), (0.04, 0.02, 0.06), (0.12, 0.05, 0.20)])
+    assert [f.verdict for f in broken] == [REPRODUCED, CONTRADICTED, INCONCLUSIVE]
+    page = findings.scorecard(broken, config_name="config.yaml", commit="abc1234")
+    assert f"`{claim['id']}`: {claim['claim']}" in page and "**1** contradicted" in page
