@@ -1,0 +1,103 @@
+"""One finished run's Table 1 in Markdown: what the README's Results and a closing note quote.
+
+Reads ``results/metrics/<experiment>.csv`` and ``<experiment>_comparisons.csv`` of a run and prints, per
+temperature, each method's average tau and SR (the mean over its training seeds), its difference to the
+experiment's DFlash drafter with the 95% interval (bold where the interval excludes 0) and the interval's
+half-width; where a method has several seeds, how the variance of its difference splits between prompts and
+training seeds; and the replay's exactness check (requests decoded for real against replayed). Every number
+is the pipeline's; nothing is typed by hand.
+
+    python benchmarks/run_summary.py --run-dir /path/to/run              # Table 1 (experiment main)
+    python benchmarks/run_summary.py --run-dir /path/to/run --experiment ablation
+"""
+
+from __future__ import annotations
+
+import argparse
+import math
+from pathlib import Path
+
+import pandas as pd
+
+from dpace.objectives import REGISTRY
+
+
+def label(objective: str) -> str:
+    record = REGISTRY.get(objective)
+    return objective if record is None else record.label.replace("{k}", "3").replace("$", "")
+
+
+def interval_text(row: pd.Series) -> str:
+    text = f"{row['difference']:+.3f} [{row['ci_low']:+.3f}, {row['ci_high']:+.3f}]"
+    return f"**{text}**" if row["ci_low"] > 0 or row["ci_high"] < 0 else text
+
+
+def seed_split(row: pd.Series) -> str:
+    """Share of the difference's variance that training seeds contribute (NaN with one seed)."""
+    prompts, seeds = row.get("var_prompts", math.nan), row.get("var_seeds", math.nan)
+    if not (isinstance(seeds, float) and math.isfinite(seeds)):
+        return ""
+    total = max(prompts, 0.0) + max(seeds, 0.0)
+    share = max(seeds, 0.0) / total if total > 0 else math.nan
+    return f"{100 * share:.0f}% seeds ({int(row['num_seeds'])} seeds, {row['seed_pairing']})"
+
+
+def table(comparisons: pd.DataFrame, temperature: float) -> str:
+    """The average over benchmarks, as ``experiment_comparisons`` computed it: each row's ``value`` and its
+    DFlash drafter's ``reference_value``, at the final epoch."""
+    cells = comparisons[(comparisons["benchmark"] == "avg") & (comparisons["temperature"] == temperature)]
+    cells = cells[cells["epoch"] == cells["epoch"].max()]
+    has_seeds = "num_seeds" in cells and (cells["num_seeds"].fillna(1) > 1).any()
+    header = "| method | tau | tau - DFlash [95% CI] | half-width | SR | SR - DFlash [95% CI] |"
+    header += " seeds' share of the variance |" if has_seeds else ""
+    lines = [header, "|" + "---|" * (header.count("|") - 1)]
+    reference = cells.iloc[0]
+    reference_sr = cells[cells["metric"] == "speedup"].iloc[0]["reference_value"]
+    lines.append("| " + " | ".join(["DFlash", f"{reference['reference_value']:.3f}", "", "", f"{reference_sr:.2f}", ""]
+                                   + ([""] if has_seeds else [])) + " |")
+    order = sorted(cells["objective"].unique(), key=lambda o: (REGISTRY[o].table_rank if o in REGISTRY else 99, o))
+    for objective in order:
+        compared = cells[cells["objective"] == objective]
+        t = compared[compared["metric"] == "tau"].iloc[0]
+        s = compared[compared["metric"] == "speedup"].iloc[0]
+        cols = [label(objective), f"{t['value']:.3f}", interval_text(t), f"{(t['ci_high'] - t['ci_low']) / 2:.3f}",
+                f"{s['value']:.2f}",
+                interval_text(s) if math.isfinite(s["ci_low"]) else f"{s['difference']:+.3f} (no interval)"]
+        if has_seeds:
+            cols.append(seed_split(t))
+        lines.append("| " + " | ".join(cols) + " |")
+    return "\n".join(lines)
+
+
+def replay_check(metrics: pd.DataFrame) -> str:
+    rows = metrics[(metrics["benchmark"] != "avg")]
+    rows = rows[rows["epoch"] == rows["epoch"].max()]
+    parts = []
+    for temperature, cell in rows.groupby("temperature"):
+        counts = {c: int(cell[c].fillna(0).sum()) for c in
+                  ("num_requests", "num_timed_requests", "replay_compared", "replay_equal", "replay_ties", "replay_failures")}
+        parts.append(f"T = {temperature:g}: {counts['num_requests']} requests ({counts['num_timed_requests']} decoded and "
+                     f"timed); replay check {counts['replay_compared']} compared, {counts['replay_equal']} equal, "
+                     f"{counts['replay_ties']} ties, {counts['replay_failures']} failures")
+    return "; ".join(parts)
+
+
+def main() -> None:
+    parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
+    parser.add_argument("--run-dir", type=Path, default=Path("."))
+    parser.add_argument("--experiment", default="main")
+    args = parser.parse_args()
+    folder = args.run_dir / "results" / "metrics"
+    metrics = pd.read_csv(folder / f"{args.experiment}.csv")
+    comparisons = pd.read_csv(folder / f"{args.experiment}_comparisons.csv")
+    for temperature in sorted(metrics["temperature"].unique()):
+        prompts = metrics[(metrics["temperature"] == temperature) & (metrics["benchmark"] != "avg")]
+        per_drafter = prompts.groupby("variant")[["num_prompts", "num_timed_requests"]].sum().max()
+        print(f"\nT = {temperature:g}: tau over {int(per_drafter['num_prompts'])} prompts per drafter, SR over "
+              f"{int(per_drafter['num_timed_requests'])} decoded requests:\n")
+        print(table(comparisons, temperature))
+    print("\nExactness of the replayed tau (all drafters): " + replay_check(metrics))
+
+
+if __name__ == "__main__":
+    main()
