@@ -146,6 +146,20 @@ def gpu_slot(count: int = 1, *, timeout_s: float | None = None, poll_s: float = 
 __all__ = ["gpu_slot", "lock_dir", "machine_gpu_ids", "scheduler_assigned"]
 
 
+# SGLang serves both GPU stages (generation's offline engine, evaluation's server): the check that it is
+# installed lives here, with the GPU machinery, so generation does not import the evaluation backend.
+INSTALL_HINT = "SGLang is the GPU-only optional extra: pip install -e .[gpu] (on a CUDA machine)"
+
+
+def require_sglang():
+    """``import sglang``, or a clear error saying how to get it."""
+    try:
+        import sglang
+    except ImportError as error:
+        raise RuntimeError(f"this backend needs SGLang, which is not installed ({error}). {INSTALL_HINT}") from None
+    return sglang
+
+
 def device_clock(device) -> float:
     """Wall clock after ``device`` has finished its queued work (CUDA runs asynchronously, so a
     step or a decode ends when its kernels do). Used by every timed loop: training and decoding."""

@@ -1,4 +1,4 @@
-"""The scorecard (dpace.findings): verdicts from intervals, claims data, "not run" for missing artifacts."""
+"""The scorecard (dpace.report.findings): verdicts from intervals, claims data, "not run" for missing artifacts."""
 
 from __future__ import annotations
 
@@ -10,9 +10,9 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpace import findings
-from dpace.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Region
-from dpace.intervals import COMPARISON_COLUMNS, paired_bootstrap, paired_contrast
+from dpace.report import findings
+from dpace.report.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Region
+from dpace.report.intervals import COMPARISON_COLUMNS, paired_bootstrap, paired_contrast
 
 REPO = Path(__file__).resolve().parents[1]
 CLAIMS = REPO / "workflow" / "claims.yaml"

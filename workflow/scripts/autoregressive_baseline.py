@@ -6,7 +6,7 @@ from pathlib import Path  # noqa: E402 (after the log redirect)
 
 import torch  # noqa: E402
 
-from dpace.evaluation import measure_baseline  # noqa: E402
+from dpace.evaluation.evaluate import measure_baseline  # noqa: E402
 from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402
 
 params = snakemake.params

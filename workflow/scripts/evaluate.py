@@ -19,7 +19,7 @@ common = dict(
 )
 
 if params.backend == "sglang":
-    from dpace.sglang_backend import evaluate_sglang
+    from dpace.evaluation.sglang_backend import evaluate_sglang
 
     log = Path(snakemake.log[0])
     with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))):
@@ -27,7 +27,7 @@ if params.backend == "sglang":
 elif params.backend == "local":
     import torch
 
-    from dpace.evaluation import evaluate_drafter
+    from dpace.evaluation.evaluate import evaluate_drafter
 
     torch.set_num_threads(snakemake.threads)
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.

@@ -2,7 +2,7 @@
 
 SpecForge's own CLI needs an SGLang server, so this loop drives SpecForge 0.2.0's model classes
 directly: ``DFlashDraftModel`` inside our ``ObjectiveDFlashModel`` (SpecForge's ``OnlineDFlashModel``
-with every objective of ``dpace.objectives``). AdamW, linear warmup then cosine decay, gradient
+with every objective of ``dpace.training.objectives``). AdamW, linear warmup then cosine decay, gradient
 clipping, gradient accumulation, as in the paper (App. "Training details").
 
 Outputs: one HF checkpoint per epoch (``epoch-<e>/``, loadable by ``dflash``'s
@@ -22,22 +22,22 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dpace.draft_vocab import select_draft_vocab
-from dpace.drafter import (
+from dpace.features import FeatureSet, answer_feature_rms, load_features, target_hidden_states
+from dpace.gpus import device_clock
+from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, input_checksum, read_partial_jsonl
+from dpace.targets import load_target, native_bf16, target_checksum
+from dpace.training.draft_vocab import select_draft_vocab
+from dpace.training.drafter import (
     build_drafter,
     drafter_config,
     initialise_from_target,
     save_drafter,
     with_raw_feature_input,
 )
-from dpace.features import FeatureSet, answer_feature_rms, load_features, target_hidden_states
-from dpace.gpus import device_clock
-from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, input_checksum, read_partial_jsonl
-from dpace.objectives import canonical_objective, objective_record, resolve_hparams
-from dpace.online_model import ObjectiveDFlashModel
-from dpace.targets import load_target, native_bf16, target_checksum
-from dpace.train_config import TrainConfig, check_train_config
-from dpace.training_records import STEPS_FILE, run_summary, step_row, write_records
+from dpace.training.objectives import canonical_objective, objective_record, resolve_hparams
+from dpace.training.online_model import ObjectiveDFlashModel
+from dpace.training.train_config import TrainConfig, check_train_config
+from dpace.training.training_records import STEPS_FILE, run_summary, step_row, write_records
 
 
 def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
