@@ -83,6 +83,34 @@ def test_gpu_slots_never_share_a_gpu(gpu_env):
         pass
 
 
+def test_a_torch_job_gets_a_locked_gpu_when_it_asks_and_the_machine_has_one(gpu_env, monkeypatch):
+    """torch_device_slot: the device choice every in-process stage makes (features, responses, baseline,
+    evaluation, training)."""
+    import torch
+
+    from dpace.gpus import gpu_slot, torch_device_slot
+
+    quiet = {"log": lambda *_: None}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with torch_device_slot(1, **quiet) as device:
+        assert device == "cuda" and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        with torch_device_slot("1", **quiet) as second:  # a resource may arrive as a string
+            assert second == "cuda" and os.environ["CUDA_VISIBLE_DEVICES"] == "1"  # never the same GPU
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    with torch_device_slot(0, **quiet) as device:  # the rule asked for none: the CPU, no lock
+        assert device == "cpu" and "CUDA_VISIBLE_DEVICES" not in os.environ
+        with gpu_slot(2, **quiet):
+            pass  # both GPUs were free
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with torch_device_slot(1, **quiet) as device:  # a GPU id without a usable CUDA (a CPU-only torch)
+        assert device == "cpu"
+    monkeypatch.setenv("DPACE_GPUS", "")
+    monkeypatch.setattr("dpace.gpus._proc_gpu_count", lambda: 0)
+    monkeypatch.setattr("dpace.gpus._nvidia_smi_ids", lambda: [])
+    with torch_device_slot(1, **quiet) as device:  # asked, but the machine has no GPU
+        assert device == "cpu" and "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
 def test_a_gpu_held_by_another_process_is_skipped_and_freed_when_it_dies(gpu_env):
     from dpace.gpus import gpu_slot
 

@@ -3,7 +3,7 @@ from pathlib import Path
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402 (after the log redirect)
+from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402 (after the log redirect)
 
 params = snakemake.params
 out_dir = Path(snakemake.output.summary).parent
@@ -31,16 +31,14 @@ elif params.backend == "local":
     from dpace.training.loop import TrainConfig, train_drafter
 
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-    with gpu_slot(1 if gpus and machine_gpu_ids() else 0) as ids:
-        import torch
-
+    with torch_device_slot(gpus) as device:
         config = TrainConfig.from_config(
             params.train,
             **params.settings,
             seed=params.seed,
             mask_token_id=mask_token_id,
             threads=snakemake.threads,
-            device="cuda" if ids and torch.cuda.is_available() else "cpu",
+            device=device,
         )
         summary = train_drafter(
             config,
