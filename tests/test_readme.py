@@ -49,7 +49,7 @@ def test_github_slugs():
         "table-1-of-the-2-layer-default-on-the-amd-epyc-with-avx2-only-commit-318d457"
     assert github_slug("`all` with the 2-layer default (Xeon with AMX, commit 93ad7ff)") == \
         "all-with-the-2-layer-default-xeon-with-amx-commit-93ad7ff"
-    assert github_slug("Training objectives (`dpace.training.objectives`)") == "training-objectives-dpaceobjectives"
+    assert github_slug("Training objectives (`dpace.objectives`)") == "training-objectives-dpaceobjectives"
     assert github_slug("Table 1 with a window of 8 (the 318d457 run's answers)") == \
         "table-1-with-a-window-of-8-the-318d457-runs-answers"
 
