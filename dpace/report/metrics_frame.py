@@ -1,6 +1,8 @@
 """Selecting rows of the tidy metrics frame: the helpers shared by ``dpace.report.tables`` and
 ``dpace.report.figures`` (required columns, final epoch, one temperature, configurations, averages over
-benchmarks). Pure pandas; nothing here formats LaTeX or draws.
+benchmarks, objectives in their records' row order, runs borrowed from another experiment, the ablation's
+tau trajectories, one drafter's per-block records and their rank correlations). Nothing here formats
+LaTeX (``dpace.report.latex``) or draws.
 """
 
 from __future__ import annotations
