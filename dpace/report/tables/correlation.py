@@ -6,11 +6,7 @@ from __future__ import annotations
 import pandas as pd
 
 from dpace.report import latex
-from dpace.report.metrics_frame import (
-    block_correlations,
-    is_finite,
-    select_blocks,
-)
+from dpace.report.metrics_frame import block_correlations, is_finite, select_blocks
 
 
 def _pvalue_text(p: float) -> str:

@@ -9,11 +9,7 @@ from collections.abc import Sequence
 import pandas as pd
 
 from dpace.report import latex
-from dpace.report.metrics_frame import (
-    is_finite,
-    objective_record_of,
-    require_columns,
-)
+from dpace.report.metrics_frame import is_finite, objective_record_of, require_columns
 
 TRAIN_RUN_COLUMNS: tuple[str, ...] = (
     "variant",
