@@ -18,9 +18,9 @@ from pathlib import Path
 import torch
 import torch.nn.functional as F
 
-from dpace.decoding import _context_features, _output_head
-from dpace.drafter import draft_output_head, load_drafter
+from dpace.evaluation.decoding import _context_features, _output_head
 from dpace.targets import load_target
+from dpace.training.drafter import draft_output_head, load_drafter
 
 
 def accepted_at_every_position(drafter, target, ids: torch.Tensor, answer_start: int) -> list[int]:

@@ -9,10 +9,10 @@ not depend on how good the drafter is: a randomly initialised drafter is enough 
     python benchmarks/bench_decoding.py --preset qwen3-4b --device cuda --dtype bfloat16 --e2e-only
 
 With ``--preset`` the target is a randomly initialised Qwen3 of that shape (no download, no tokenizer:
-the prompt is random token ids), so ``dpace.decoding`` and dflash's ``dflash_generate`` run on the
+the prompt is random token ids), so ``dpace.evaluation.decoding`` and dflash's ``dflash_generate`` run on the
 same weights; ``qwen3-tiny`` is the same code path at a size a CPU runs in seconds. The end-to-end
 part also reports where the speculative and autoregressive greedy streams part, with the target's
-top-2 logit margin there (bf16 near-ties, see ``dpace.evaluation.GREEDY_TIE_MARGIN``).
+top-2 logit margin there (bf16 near-ties, see ``dpace.evaluation.evaluate.GREEDY_TIE_MARGIN``).
 
 Without ``--target-json`` the embedded SmolLM2 is materialised once into ``--cache-dir`` (~25 s).
 The machine may be shared: the script prints the load average before and after, and reports the
@@ -31,9 +31,14 @@ from pathlib import Path
 import torch
 from torch.nn import functional as F
 
-from dpace.decoding import autoregressive_generate, new_kv_cache, optimize_for_cpu, speculative_generate
-from dpace.drafter import default_target_layer_ids, drafter_config
+from dpace.evaluation.decoding import (
+    autoregressive_generate,
+    new_kv_cache,
+    optimize_for_cpu,
+    speculative_generate,
+)
 from dpace.targets import chat_prompt_ids, load_target, prepare_target
+from dpace.training.drafter import default_target_layer_ids, drafter_config
 
 PROMPT = (
     "Write a short story about a robot who learns to paint. Make it vivid and detailed, "
@@ -53,7 +58,7 @@ def preset_models(args):
     """A random Qwen3 target of the preset's shape and a random DFlash drafter, built directly on
     ``args.device`` in ``args.dtype`` (a Qwen3-4B-sized target is 4B parameters: initialised in float32
     first, then cast, it needed twice the memory and time). Both attend with SDPA, the only attention
-    the decoders (``dpace.decoding``, ``dflash_generate``) run."""
+    the decoders (``dpace.evaluation.decoding``, ``dflash_generate``) run."""
     from dflash.model import DFlashDraftModel
     from transformers import Qwen3Config, Qwen3ForCausalLM
 
@@ -195,8 +200,8 @@ def end_to_end(target, drafter, prompt_ids, max_new_tokens, repeats, device="cpu
 def greedy_agreement(target, drafter, prompt_ids, max_new_tokens, device="cpu") -> dict:
     """Where ``speculative_generate`` and ``autoregressive_generate`` part at T = 0, with the verdict
     the evaluation would give (a numerical tie below the tie margin, else a failure)."""
-    from dpace.decoding import compare_to_greedy
-    from dpace.evaluation import GREEDY_TIE_MARGIN, divergence_verdict
+    from dpace.evaluation.decoding import compare_to_greedy
+    from dpace.evaluation.evaluate import GREEDY_TIE_MARGIN, divergence_verdict
 
     ids = torch.tensor([prompt_ids], device=device)
     spec = speculative_generate(drafter, target, ids, max_new_tokens=max_new_tokens, stop_token_ids=None)

@@ -24,10 +24,16 @@ import torch
 import yaml
 
 from dpace.data import benchmark_prompts
-from dpace.decoding import speculative_generate
-from dpace.drafter import build_drafter, default_target_layer_ids, drafter_config, load_drafter, save_drafter
-from dpace.replay import needed_context_start, reference_turn, replay_turn, target_features
+from dpace.evaluation.decoding import speculative_generate
+from dpace.evaluation.replay import needed_context_start, reference_turn, replay_turn, target_features
 from dpace.targets import chat_prompt_ids, load_target, prepare_target, stop_token_ids
+from dpace.training.drafter import (
+    build_drafter,
+    default_target_layer_ids,
+    drafter_config,
+    load_drafter,
+    save_drafter,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 

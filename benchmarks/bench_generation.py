@@ -1,6 +1,6 @@
 """Response-generation throughput: batch 1 vs batch 16, float32 vs bfloat16, on the embedded target.
 
-The same ``model.generate`` call that ``dpace.generation`` makes (left padding, KV cache, greedy),
+The same ``model.generate`` call that ``dpace.responses.generation`` makes (left padding, KV cache, greedy),
 with every answer forced to ``--new-tokens`` tokens so that all settings decode the same amount.
 ``--compare-plain-sdpa`` also times the target as transformers loads it (plain SDPA, which copies the
 keys and values once per query head under a mask, and no contiguous LM-head rows): the A/B of

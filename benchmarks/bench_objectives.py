@@ -39,8 +39,8 @@ from specforge.modeling.draft.dflash import DFlashDraftModel
 from torch import nn
 from transformers import Qwen3Config
 
-from dpace.objectives import NEEDS_TARGET_LOGITS, OBJECTIVES, block_loss
-from dpace.online_model import ObjectiveDFlashModel
+from dpace.training.objectives import NEEDS_TARGET_LOGITS, OBJECTIVES, block_loss
+from dpace.training.online_model import ObjectiveDFlashModel
 
 PRESETS = {
     "paper-table7": {

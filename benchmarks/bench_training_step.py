@@ -2,7 +2,7 @@
 
 A sliding-window drafter (``train.sliding_window`` > 0) trains on each sequence without its leading
 positions that no block attends to (``FeatureSet.without_unseen_context``; the loss and gradients are
-those of the whole sequence, ``tests/test_online_model.py``). This runs ``dpace.training.train_drafter``
+those of the whole sequence, ``tests/test_online_model.py``). This runs ``dpace.training.loop.train_drafter``
 for one epoch on the first ``--sequences`` answers of a finished run's cached features, once as it
 trains and once with the whole sequences (the loop before commit 0940ae1), alternating ``--repeats``
 times, and prints the mean step time of each (``summary.json``'s ``time_per_step_s``).
@@ -21,7 +21,7 @@ from pathlib import Path
 from unittest import mock
 
 from dpace.features import FeatureSet, load_features
-from dpace.training import TrainConfig, train_drafter
+from dpace.training.loop import TrainConfig, train_drafter
 
 
 def main() -> None:

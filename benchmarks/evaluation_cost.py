@@ -69,7 +69,7 @@ class StepCosts:
         return self.spec_step_s - self.ar_token_s
 
 
-DECODERS = (StepCosts("dpace.decoding", 0.0285, 0.0379), StepCosts("dflash_generate", 0.0279, 0.0374))
+DECODERS = (StepCosts("dpace.evaluation.decoding", 0.0285, 0.0379), StepCosts("dflash_generate", 0.0279, 0.0374))
 
 # Qwen3-4B's layers (hidden 2560, 32 query heads and 8 KV heads of 128, MLP 9728, vocabulary 151936);
 # the drafter has 3 of them and shares the target's LM head.

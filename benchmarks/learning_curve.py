@@ -1,6 +1,6 @@
 """Learning curve of a drafter: held-out teacher-forced tau proxy and accuracy after every epoch.
 
-Trains with ``dpace.training.train_drafter`` on all but the last ``--heldout`` sequences of a cached
+Trains with ``dpace.training.loop.train_drafter`` on all but the last ``--heldout`` sequences of a cached
 feature set (a run's ``results/features/<target>/<set>/``), then scores each epoch's checkpoint on the
 held-out sequences with the training wrapper in eval mode: per block, 1 + the number of leading
 positions whose argmax is the target's token (the T=0 emitted length if the target's answer were the
@@ -33,9 +33,9 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
     from safetensors.torch import load_file
     from transformers import Qwen3Config
 
-    from dpace.drafter import build_drafter, draft_output_head
-    from dpace.online_model import ObjectiveDFlashModel
-    from dpace.training import padded_micro_batches
+    from dpace.training.drafter import build_drafter, draft_output_head
+    from dpace.training.loop import padded_micro_batches
+    from dpace.training.online_model import ObjectiveDFlashModel
 
     config = Qwen3Config.from_pretrained(str(checkpoint))
     drafter = build_drafter(config)
@@ -145,7 +145,7 @@ def ngram_first_position(train_set, heldout) -> dict:
 def run(args) -> dict:
     from dpace.features import FeatureSet, load_features
     from dpace.targets import load_target
-    from dpace.training import TrainConfig, train_drafter
+    from dpace.training.loop import TrainConfig, train_drafter
 
     run_dir = Path(args.run_dir)
     target_json = run_dir / "targets" / args.target / "target.json"

@@ -19,7 +19,7 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpace.objectives import REGISTRY
+from dpace.training.objectives import REGISTRY
 
 
 def label(objective: str) -> str:

@@ -1,27 +1,40 @@
 """dpace: reproduce and extend D-PACE (arXiv 2605.18810) for DFlash-style block drafters.
 
-One module per concern; none of them knows about Snakemake:
+Laid out like the DAG: a stage that one module does is a module, a stage of several modules is a folder;
+the code every stage shares sits at the top. None of it knows about Snakemake.
 
-- ``objectives``   every training loss of the paper (and extensions) as ``block_loss``
-- ``drafter``      SpecForge DFlash draft models and the objective-aware training wrapper
-- ``data``         benchmark prompts and ShareGPT training prompts (hub or local mirror)
-- ``targets``      loading target LLMs (embedded SmolLM2, tiny random smoke target, hub ids)
-- ``generation``   stage 3, responses: the target answers the training prompts (transformers on CPU,
-                   SGLang on GPU)
-- ``features``     cached target hidden states for drafter training
-- ``training``     the drafter training loop (``training_records``: its steps.jsonl and summary.json;
-                   ``draft_vocab``: the optional pruned draft vocabulary; ``train_config``: its settings,
-                   built from the config's train section)
-- ``decoding``     speculative and autoregressive decoding with per-block records
-- ``evaluation``   tau / speedup on the six benchmarks (``replay``: tau replayed over the target's answers,
-                   checked against decoding; ``intervals``: paired and seed-level bootstrap intervals)
-- ``tables``, ``figures``  rendering the paper's tables and figures from a tidy metrics CSV
-                   (``metrics_frame``: the row selection they share; ``experiments``: the registry of
-                   every table and figure, what it reads and which reference drafters it draws)
-- ``config``, ``schema``  the config's checks and experiments; the schema's defaults and enums
-- ``findings``     the scorecard of the paper's claims (``workflow/claims.yaml``) from the metrics
-- ``gpu_check``    ``python -m dpace.gpu_check``: one GPU checked end to end (``training_check``: GPU
-                   training against a committed CPU reference curve)
+- ``data``         stage 1: benchmark prompts and ShareGPT training prompts (hub or local mirror)
+- ``targets``      stage 2: loading target LLMs (embedded SmolLM2, tiny random smoke target, hub ids)
+- ``responses/``   stage 3: the target answers the training prompts (``generation``: transformers on CPU,
+                   SGLang's engine on GPU), or its released answers are imported (``conversations``)
+- ``features``     stage 4: cached target hidden states for drafter training
+- ``training/``    stage 5: ``objectives`` (every training loss of the paper and extensions, one registry record
+                   each), ``drafter`` (SpecForge DFlash draft models), ``online_model`` (the objective-aware
+                   training wrapper), ``draft_vocab`` (the optional pruned draft vocabulary), ``train_config``
+                   (the settings, from the config's train section), ``loop`` (the local training loop: check,
+                   set-up, loop, save), ``training_records`` (steps.jsonl and summary.json), ``specforge_backend``
+                   (training through SpecForge on GPUs), ``training_check`` (GPU training against the committed
+                   CPU reference curve ``training_reference.json``)
+- ``evaluation/``  stage 6: ``decoding`` (speculative and autoregressive decoding with per-block records),
+                   ``replay`` (tau replayed over the target's answers, checked against decoding), ``evaluate``
+                   (tau / speedup on the six benchmarks, the autoregressive baseline), ``eval_records`` (the
+                   per-request records and their summary), ``sglang_backend`` (the same, served by SGLang)
+- ``report/``      stage 7: ``collect`` (the tidy metrics, per-block, comparison and training CSVs),
+                   ``intervals`` (paired and seed-level bootstrap intervals), ``metrics_frame`` (the row
+                   selection tables and figures share), ``latex`` (LaTeX helpers), ``tables/`` (one module per
+                   table), ``figures``, ``render`` (one artifact from the CSVs), ``findings`` (the scorecard
+                   of the paper's claims, ``workflow/claims.yaml``)
+- shared           ``config``, ``schema`` (the config's checks and experiments; the schema's defaults and
+                   enums), ``experiments`` (the registry of every table and figure, what it reads and which
+                   reference drafters it draws), ``io`` (atomic files, jsonl), ``gpus`` (one locked GPU per
+                   job, the SGLang install check), ``fingerprint`` (which modules a job runs),
+                   ``gpu_check`` (``python -m dpace.gpu_check``: one GPU checked end to end)
+
+Between stages, imports go down the DAG: a stage imports shared modules and earlier stages' (``evaluation``
+the drafter of ``training``, ``report`` the objectives' records and training records), with one exception:
+``features`` asks ``training.drafter`` which target layers a drafter reads. Of the shared modules, ``config``
+checks a config against ``training.objectives``' registry and ``responses.conversations``' data sets, and
+``gpu_check`` runs ``training.training_check``.
 """
 
 __version__ = "0.1.0"

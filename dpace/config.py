@@ -12,15 +12,15 @@ import copy
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
-from dpace.conversations import dataset_name
 from dpace.data import TRAIN_SETS, mixture_name
-from dpace.objectives import (
+from dpace.responses.conversations import dataset_name
+from dpace.schema import SCHEMA, load_schema
+from dpace.training.objectives import (
     REGISTRY,
     canonical_objective,
     resolve_hparams,
     resolve_normalization,
 )
-from dpace.schema import SCHEMA, load_schema
 
 
 class ConfigError(ValueError):

@@ -2,9 +2,9 @@
 metrics it reads, which per-block and training records it needs, and which of Table 1's drafters it
 draws (the "reference drafters": the shallowest DFlash and D-PACE drafters of experiment main).
 
-The workflow's targets and inputs (workflow/rules/common.smk), the renderers (``dpace.report``) and the
+The workflow's targets and inputs (workflow/rules/common.smk), the renderers (``dpace.report.render``) and the
 benchmark of each target's cost (benchmarks/target_times.py) all read this registry, so an artifact is
-added here, and given a renderer in ``dpace.report.RENDERERS``; tests/test_experiments.py checks both.
+added here, and given a renderer in ``dpace.report.render``; tests/test_experiments.py checks both.
 Imports nothing heavy: the Snakefile reads it while it parses.
 """
 

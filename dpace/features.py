@@ -16,10 +16,10 @@ import torch
 from safetensors.torch import load_file, save_file
 from tqdm import tqdm
 
-from dpace.drafter import default_target_layer_ids
 from dpace.io import atomic_folder, atomic_write_json, read_jsonl
 from dpace.schema import schema_enum
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
+from dpace.training.drafter import default_target_layer_ids
 
 STORE_DTYPE = torch.bfloat16
 SORT_WINDOW_BATCHES = 8
@@ -33,7 +33,7 @@ def tokenize_conversation(tokenizer, conversation: dict, end_token_id: int) -> t
 
     Built from the same ``chat_prompt_ids`` the target was prompted with, so the response tokens
     sit exactly where the target produced them. A response that ``max_new_tokens`` cut
-    (``"truncated": true``, written by ``dpace.generation``) gets no end token: the target did not
+    (``"truncated": true``, written by ``dpace.responses.generation``) gets no end token: the target did not
     end its turn there.
     """
     turns = conversation.get("conversations") or []

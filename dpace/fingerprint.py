@@ -4,12 +4,14 @@ Snakemake reruns a script job when its script file changes, not when the package
 changes; putting this hash in a rule's params makes an edit to, say, the training code rerun
 training while an edit to table rendering does not.
 
-The modules are not listed by hand (such lists drift: they missed ``dpace.drafter`` under
+The modules are not listed by hand (such lists drift: they missed ``dpace.training.drafter`` under
 features): they are the ``dpace`` modules the script imports, followed transitively through
 every ``import`` statement of the package, including those inside functions (the backends are
-imported lazily), so an edit to any module a job can run changes its fingerprint.
+imported lazily), so an edit to any module a job can run changes its fingerprint. Modules go by their
+dotted names (``dpace.report.tables.main`` is ``dpace/report/tables/main.py``); importing one runs the
+``__init__.py`` of every package above it (``dpace``, ``dpace.report``, ``dpace.report.tables``), so those count too.
 
-One module is finer-grained for training: ``dpace.objectives`` holds every objective, and a drafter
+One module is finer-grained for training: ``dpace.training.objectives`` holds every objective, and a drafter
 runs only one of them. ``objective_sources`` splits it into the code every objective shares and one
 part per objective (its registry record and its weight function), so a training job fingerprinted
 for its objective (``script_fingerprint(..., objective=...)``) reruns when the shared code or its own
@@ -24,26 +26,43 @@ from pathlib import Path
 
 PACKAGE = "dpace"
 PACKAGE_DIR = Path(__file__).resolve().parent
-OBJECTIVES_MODULE = "objectives"
+OBJECTIVES_MODULE = "dpace.training.objectives"
 RECORD_CLASS = "Objective"  # REGISTRY's records are ``Objective("name", ..., weights_function, ...)`` calls
 
 
+def module_path(module: str, package_dir: Path = PACKAGE_DIR) -> Path | None:
+    """The source file of ``module`` (a dotted name under ``dpace``): ``dpace/a/b.py`` for a module,
+    ``dpace/a/b/__init__.py`` for a package, None for a name that is neither (a function or class)."""
+    parts = module.split(".")
+    if parts[0] != PACKAGE:
+        return None
+    folder = package_dir.joinpath(*parts[1:])
+    if len(parts) > 1 and folder.with_suffix(".py").is_file():
+        return folder.with_suffix(".py")
+    return folder / "__init__.py" if (folder / "__init__.py").is_file() else None
+
+
+def _with_packages(module: str) -> list[str]:
+    """``module`` and the packages Python runs before it: ``dpace.a.b`` imports ``dpace`` and ``dpace.a`` first."""
+    parts = module.split(".")
+    return [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
+
+
 def _imported_modules(source: str, package_dir: Path) -> set[str]:
-    """Names of the ``dpace`` modules (``"features"`` for ``dpace.features``) that ``source`` imports
-    anywhere, at top level or inside a function or branch."""
+    """Dotted names of the ``dpace`` modules and packages (``"dpace.report.tables.main"``) that ``source``
+    imports anywhere, at top level or inside a function or branch, with the packages above them."""
     found = set()
     for node in ast.walk(ast.parse(source)):
         if isinstance(node, ast.Import):
             names = [alias.name for alias in node.names]
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
-            # `from dpace import tables` imports dpace.tables; `from dpace.x import f` imports dpace.x.
+            # `from dpace.report import figures` imports dpace.report.figures; `from dpace.x import f` imports dpace.x.
             names = [node.module] + [f"{node.module}.{alias.name}" for alias in node.names]
         else:
             continue
         for name in names:
-            parts = name.split(".")
-            if parts[0] == PACKAGE and len(parts) == 2 and (package_dir / f"{parts[1]}.py").exists():
-                found.add(parts[1])
+            if module_path(name, package_dir) is not None:
+                found.update(_with_packages(name))
     return found
 
 
@@ -55,9 +74,9 @@ def module_closure(roots, package_dir: Path = PACKAGE_DIR) -> list[str]:
         module = todo.pop()
         if module in seen:
             continue
-        path = package_dir / f"{module}.py"
-        if not path.exists():
-            raise FileNotFoundError(f"no module {PACKAGE}.{module} ({path})")
+        path = module_path(module, package_dir)
+        if path is None:
+            raise FileNotFoundError(f"no module {module} under {package_dir}")
         seen.add(module)
         todo += _imported_modules(path.read_text(), package_dir) - seen
     return sorted(seen)
@@ -81,7 +100,7 @@ class _WithoutRecords(ast.NodeTransformer):
 
 
 def objective_sources(source: str) -> tuple[str, dict[str, str]]:
-    """``dpace.objectives``'s code split into (the code every objective shares, {objective: its own code}).
+    """``dpace.training.objectives``'s code split into (the code every objective shares, {objective: its own code}).
 
     An objective's own code is its ``Objective("<name>", ...)`` record in the registry plus the module-level
     weight function the record names, with any other record's weight function that one calls (a function two
@@ -115,14 +134,14 @@ def objective_sources(source: str) -> tuple[str, dict[str, str]]:
 def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: str | None = None) -> str:
     """Hash of the named modules' source (names and bytes, in sorted order).
 
-    With ``objective``, ``dpace.objectives`` counts only its shared code and that objective's own code
+    With ``objective``, ``dpace.training.objectives`` counts only its shared code and that objective's own code
     (``objective_sources``): adding or editing another objective leaves the hash as it is.
     """
     digest = hashlib.sha256()
     for module in sorted(set(modules)):
-        path = package_dir / f"{module}.py"
-        if not path.exists():
-            raise FileNotFoundError(f"no module {PACKAGE}.{module} ({path})")
+        path = module_path(module, package_dir)
+        if path is None:
+            raise FileNotFoundError(f"no module {module} under {package_dir}")
         digest.update(module.encode())
         if module == OBJECTIVES_MODULE and objective is not None:
             shared, own = objective_sources(path.read_text())
@@ -137,5 +156,5 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: 
 
 def script_fingerprint(script: str | Path, package_dir: Path = PACKAGE_DIR, objective: str | None = None) -> str:
     """The fingerprint of every ``dpace`` module ``script`` runs (see ``script_modules``); with ``objective``,
-    of only the part of ``dpace.objectives`` that objective runs (see ``code_fingerprint``)."""
+    of only the part of ``dpace.training.objectives`` that objective runs (see ``code_fingerprint``)."""
     return code_fingerprint(*script_modules(script, package_dir), package_dir=package_dir, objective=objective)

@@ -3,9 +3,9 @@
 1. the smoke DAG end to end (Snakemake, every stage on the GPU, tau, SR, greedy ties / failures),
    with a target whose answers a drafter can learn, so tau rises above 1;
 2. training learns on the GPU as on a CPU: one drafter trained in bf16 + flex_attention for a fixed
-   number of steps, its loss curve against the committed CPU float32 reference (``dpace.training_check``);
+   number of steps, its loss curve against the committed CPU float32 reference (``dpace.training.training_check``);
 3. the two paper-shape benchmarks, imported and run here (Table 7's training step, and
-   ``dpace.decoding`` against ``dflash_generate``), their random models built on the GPU.
+   ``dpace.evaluation.decoding`` against ``dflash_generate``), their random models built on the GPU.
 
 Meant to finish in under 5 minutes on one H200 (the budget in docs/gpu.md is an estimate).
 
@@ -179,7 +179,7 @@ def stage_times(workdir: Path) -> dict[str, float]:
 
 def eval_results(workdir: Path) -> list[dict]:
     """Mean tau and SR over benchmarks per (variant, temperature), from every evaluation summary."""
-    from dpace.report import eval_location
+    from dpace.experiments import eval_location
 
     out = []
     for path in sorted((workdir / "results" / "eval").rglob("summary.json")):
@@ -283,8 +283,8 @@ def run_benchmarks(*, cpu: bool, timeout_s: int, times: dict) -> bool:
 
 
 def training_comparison(*, cpu: bool, tokenizer: Path | None, workdir: Path) -> dict:
-    """Part 2: ``dpace.training_check`` on this device (bf16 + flex_attention; --cpu: bf16 autocast + SDPA)."""
-    from dpace.training_check import run_check
+    """Part 2: ``dpace.training.training_check`` on this device (bf16 + flex_attention; --cpu: bf16 autocast + SDPA)."""
+    from dpace.training.training_check import run_check
 
     result = run_check(device="cpu" if cpu else "cuda", precision="bf16",
                        attention_backend="sdpa" if cpu else "flex_attention", tokenizer_dir=tokenizer,

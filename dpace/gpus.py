@@ -143,7 +143,33 @@ def gpu_slot(count: int = 1, *, timeout_s: float | None = None, poll_s: float = 
             handle.close()
 
 
-__all__ = ["gpu_slot", "lock_dir", "machine_gpu_ids", "scheduler_assigned"]
+@contextlib.contextmanager
+def torch_device_slot(gpus: int | str, *, log=print) -> Iterator[str]:
+    """The device of an in-process (torch) job, held for the block: one CUDA GPU (locked by ``gpu_slot``, so
+    that parallel jobs get different ones) when its rule asked for any (``gpus``: its ``gpu`` resource) and
+    the machine has one, else the CPU. Yields ``"cuda"`` or ``"cpu"``: a GPU machine's jobs ran on its CPU
+    before (issue 43) when each script chose for itself."""
+    with gpu_slot(1 if int(gpus) and machine_gpu_ids() else 0, log=log) as ids:
+        import torch  # lazily, and only once CUDA_VISIBLE_DEVICES names the slot's GPU
+
+        yield "cuda" if ids and torch.cuda.is_available() else "cpu"
+
+
+__all__ = ["gpu_slot", "lock_dir", "machine_gpu_ids", "scheduler_assigned", "torch_device_slot"]
+
+
+# SGLang serves both GPU stages (generation's offline engine, evaluation's server): the check that it is
+# installed lives here, with the GPU machinery, so generation does not import the evaluation backend.
+INSTALL_HINT = "SGLang is the GPU-only optional extra: pip install -e .[gpu] (on a CUDA machine)"
+
+
+def require_sglang():
+    """``import sglang``, or a clear error saying how to get it."""
+    try:
+        import sglang
+    except ImportError as error:
+        raise RuntimeError(f"this backend needs SGLang, which is not installed ({error}). {INSTALL_HINT}") from None
+    return sglang
 
 
 def device_clock(device) -> float:

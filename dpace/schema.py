@@ -1,6 +1,6 @@
 """The config schema (workflow/schemas/config.schema.yaml): the one place where every config default and
 every enum is written. Code that runs outside the workflow (tests, benchmarks, ``dpace.targets`` and
-``dpace.training`` called directly) reads its defaults and allowed values from here instead of keeping its
+``dpace.training.loop`` called directly) reads its defaults and allowed values from here instead of keeping its
 own. Imports only yaml, so that a job's code fingerprint does not grow by importing it."""
 
 from __future__ import annotations

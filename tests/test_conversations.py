@@ -8,8 +8,8 @@ import pandas as pd
 import pytest
 
 from dpace.config import ConfigError, check_config, training_data
-from dpace.conversations import dataset_name, import_conversations
 from dpace.io import read_jsonl
+from dpace.responses.conversations import dataset_name, import_conversations
 
 QUESTION, ANSWER = "What is 2 + 2?", "2 + 2 = 4."
 ROWS = [

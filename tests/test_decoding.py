@@ -11,15 +11,15 @@ import torch
 from scipy.stats import chisquare
 from transformers import LlamaConfig, LlamaForCausalLM
 
-import dpace.decoding as decoding
-from dpace.decoding import (
+import dpace.evaluation.decoding as decoding
+from dpace.evaluation.decoding import (
     DecodeResult,
     autoregressive_generate,
     compare_to_greedy,
     speculative_generate,
     surrogate,
 )
-from dpace.drafter import drafter_config
+from dpace.training.drafter import drafter_config
 
 VOCAB, MASK, BLOCK = 128, 127, 4
 STOPS = [2]
@@ -405,7 +405,7 @@ def test_sampling_is_reproducible_with_a_generator(sampling_setup):
 def test_optimize_for_cpu_keeps_values_ties_and_outputs(prompts, monkeypatch):
     import dflash.model as dm
 
-    from dpace.decoding import optimize_for_cpu
+    from dpace.evaluation.decoding import optimize_for_cpu
 
     monkeypatch.setattr(dm, "_cuda_time", time.perf_counter)
     target, drafter = tiny_target(seed=2), None

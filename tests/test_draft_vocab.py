@@ -7,7 +7,7 @@ import pytest
 import torch
 from torch import nn
 
-from dpace.draft_vocab import DraftVocabHead, FullVocabDraftHead, select_draft_vocab
+from dpace.training.draft_vocab import DraftVocabHead, FullVocabDraftHead, select_draft_vocab
 
 
 def test_the_most_frequent_response_tokens_are_kept_ties_by_smaller_id():
@@ -45,7 +45,7 @@ def test_heads_give_the_targets_logits_on_the_draft_vocabulary_and_nothing_elsew
 
 
 def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it():
-    from dpace.online_model import ObjectiveDFlashModel
+    from dpace.training.online_model import ObjectiveDFlashModel
     from tests.test_online_model import MASK_TOKEN, VOCAB, batch, run, tiny_modules
 
     def wrapper(draft_vocab):
@@ -63,7 +63,7 @@ def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it(
 
     # With the odd ids only: the objective sees the odd columns of the same logits, each target as
     # its index among them, and positions whose target is even as unsupervised.
-    import dpace.online_model as online_model
+    import dpace.training.online_model as online_model
 
     seen = []  # the first call of each run (the backward pass recomputes the chunk: a second call)
     real_terms = online_model.objective_terms
@@ -88,10 +88,10 @@ def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it(
 
 
 def test_trained_checkpoint_carries_its_draft_vocabulary(tmp_path, tiny_target_json):
-    from dpace.drafter import draft_vocab_of, load_drafter
     from dpace.features import compute_features, load_features
     from dpace.io import atomic_write_jsonl
-    from dpace.training import train_drafter
+    from dpace.training.drafter import draft_vocab_of, load_drafter
+    from dpace.training.loop import train_drafter
     from tests.test_training import CONVERSATIONS, small_config
 
     atomic_write_jsonl(tmp_path / "conversations.jsonl", CONVERSATIONS)
@@ -113,8 +113,8 @@ def test_trained_checkpoint_carries_its_draft_vocabulary(tmp_path, tiny_target_j
 
 
 def test_decoding_proposes_only_draft_vocabulary_tokens_and_stays_lossless(monkeypatch):
-    import dpace.decoding as decoding
-    from dpace.drafter import drafter_config
+    import dpace.evaluation.decoding as decoding
+    from dpace.training.drafter import drafter_config
     from tests.test_decoding import BLOCK, MASK, STOPS, greedy, tiny_drafter, tiny_target
 
     target = tiny_target()
@@ -147,7 +147,7 @@ def test_decoding_proposes_only_draft_vocabulary_tokens_and_stays_lossless(monke
 def test_engines_that_score_the_whole_vocabulary_refuse_a_draft_vocabulary(tmp_path):
     import json
 
-    from dpace.sglang_backend import drafter_block_size
+    from dpace.evaluation.sglang_backend import drafter_block_size
 
     (tmp_path / "config.json").write_text(json.dumps({"block_size": 8, "draft_vocab": [1, 2, 3]}))
     with pytest.raises(ValueError, match="eval.backend local"):

@@ -6,7 +6,7 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
-from dpace.drafter import (
+from dpace.training.drafter import (
     build_drafter,
     check_drafter_matches_target,
     default_target_layer_ids,
@@ -70,7 +70,7 @@ def test_folder_that_is_not_a_drafter_is_refused(tmp_path):
 def test_drafter_init_from_target_copies_its_top_layers_and_passes_the_deepest_feature():
     from transformers import LlamaForCausalLM
 
-    from dpace.drafter import initialise_from_target
+    from dpace.training.drafter import initialise_from_target
 
     torch.manual_seed(0)
     target = LlamaForCausalLM(TARGET)
@@ -129,7 +129,7 @@ def test_a_drafter_trained_on_scaled_features_decodes_the_targets_raw_ones(tmp_p
     block exactly what the training drafter gave it."""
     from specforge.algorithms.common.dflash_family_model import create_dflash_sdpa_mask
 
-    from dpace.drafter import with_raw_feature_input
+    from dpace.training.drafter import with_raw_feature_input
 
     block_size, context, width = 4, 10, 3 * TARGET.hidden_size
     trained = build_drafter(drafter_config(TARGET, depth=1, block_size=block_size, target_layer_ids=[1, 3, 4],

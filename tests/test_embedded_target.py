@@ -71,8 +71,8 @@ PADDED_BATCH_PROMPTS = [
 def test_batched_greedy_answers_do_not_change_with_grouped_kv_attention(embedded_target_json, tmp_path, monkeypatch):
     """``load_target``'s CPU attention (``dpace.targets.grouped_kv_sdpa``) is a speed-up only: SmolLM2's
     greedy answers to a left-padded batch, in the pipeline's precision, are those of transformers' SDPA."""
-    import dpace.generation
-    from dpace.generation import generate_responses
+    import dpace.responses.generation
+    from dpace.responses.generation import generate_responses
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(
@@ -91,5 +91,5 @@ def test_batched_greedy_answers_do_not_change_with_grouped_kv_attention(embedded
         model.set_attn_implementation("sdpa")
         return model, tokenizer
 
-    monkeypatch.setattr(dpace.generation, "load_target", plain_sdpa_target)
+    monkeypatch.setattr(dpace.responses.generation, "load_target", plain_sdpa_target)
     assert answers("plain") == grouped

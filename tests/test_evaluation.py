@@ -11,11 +11,11 @@ import pytest
 import torch
 from transformers import AutoConfig
 
-import dpace.evaluation as evaluation
-from dpace.drafter import drafter_config, save_drafter
-from dpace.evaluation import BLOCK_COLUMNS, evaluate_drafter, load_benchmark
+import dpace.evaluation.evaluate as evaluation
+from dpace.evaluation.evaluate import BLOCK_COLUMNS, evaluate_drafter, load_benchmark
 from dpace.io import atomic_write_jsonl
 from dpace.targets import prepare_target, target_checksum
+from dpace.training.drafter import drafter_config, save_drafter
 
 TEMPERATURES = [0.0, 1.0]
 MAX_NEW = 8
@@ -67,8 +67,8 @@ def run(setup, out):
 
 
 def count_calls(monkeypatch, name):
-    """Calls of ``name`` from the evaluation, and from the baseline's answers (``dpace.replay.reference_turn``)."""
-    import dpace.replay as replay
+    """Calls of ``name`` from the evaluation, and from the baseline's answers (``dpace.evaluation.replay.reference_turn``)."""
+    import dpace.evaluation.replay as replay
 
     calls = []
 
@@ -208,7 +208,7 @@ def test_a_retrained_drafter_is_decoded_again(setup, first_run, tmp_path, monkey
     records of the old weights must not stand for the new ones."""
     from dflash.model import DFlashDraftModel
 
-    from dpace.drafter import load_drafter
+    from dpace.training.drafter import load_drafter
 
     out, first, _ = first_run
     root, target_json, drafter_dir, files = setup
@@ -275,7 +275,7 @@ def test_malformed_benchmark_rows_are_rejected(tmp_path):
 
 def test_summarize_definitions_and_first_mismatch():
     """SR from mean TPOTs, tau as a mean of per-request means, and the first greedy mismatch."""
-    from dpace.evaluation import summarize
+    from dpace.evaluation.evaluate import summarize
 
     def turn(i, ar, spec, lengths, greedy):
         timing = lambda tpot: {"time_per_output_token_s": tpot, "num_output_tokens": sum(lengths) + 1}  # noqa: E731
@@ -337,7 +337,7 @@ def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, mo
 def test_tau_counts_and_greedy_divergence_verdicts():
     """tau per DFlash's benchmark (accepted + 1, the stop token's step too) or per emitted tokens;
     T=0 divergences below the tie margin are ties, the others failures, each with its margin."""
-    from dpace.evaluation import summarize
+    from dpace.evaluation.evaluate import summarize
 
     def turn(i, emitted, proposed, greedy):
         timing = {"time_per_output_token_s": 0.1, "num_output_tokens": sum(emitted) + 1}

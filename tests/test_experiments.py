@@ -4,17 +4,19 @@ chosen in one place for the rules and the renderers."""
 
 from __future__ import annotations
 
+import importlib
 import inspect
+import pkgutil
 import re
 
 import pytest
 import yaml
 from workflow_runs import snakemake, write_config
 
-from dpace import figures, tables
 from dpace.config import Variant, all_variants, with_schema_defaults
 from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, eval_location, reference_drafter
-from dpace.report import _renderers, render_artifact
+from dpace.report import figures, tables
+from dpace.report.render import _renderers, render_artifact
 
 
 def test_every_artifact_has_a_renderer_and_every_renderer_an_artifact():
@@ -23,7 +25,8 @@ def test_every_artifact_has_a_renderer_and_every_renderer_an_artifact():
 
 
 def test_every_table_and_figure_function_is_a_registered_artifact():
-    functions = [name for module in (tables, figures) for name, member in inspect.getmembers(module, inspect.isfunction)
+    table_modules = [importlib.import_module(f"{tables.__name__}.{info.name}") for info in pkgutil.iter_modules(tables.__path__)]
+    functions = [name for module in (*table_modules, figures) for name, member in inspect.getmembers(module, inspect.isfunction)
                  if re.match(r"(table|fig)_", name) and member.__module__ == module.__name__]
     assert sorted(functions) == sorted(ARTIFACTS)
 

@@ -11,7 +11,7 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dpace import figures
+from dpace.report import figures
 
 
 def check_files(paths, pdf: Path, png: Path, shape: tuple[int, int]) -> None:

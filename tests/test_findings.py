@@ -1,4 +1,4 @@
-"""The scorecard (dpace.findings): verdicts from intervals, claims data, "not run" for missing artifacts."""
+"""The scorecard (dpace.report.findings): verdicts from intervals, claims data, "not run" for missing artifacts."""
 
 from __future__ import annotations
 
@@ -13,9 +13,9 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpace import findings
-from dpace.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Finding, Region
-from dpace.intervals import COMPARISON_COLUMNS, paired_bootstrap, paired_contrast
+from dpace.report import findings
+from dpace.report.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Finding, Region
+from dpace.report.intervals import COMPARISON_COLUMNS, paired_bootstrap, paired_contrast
 
 REPO = Path(__file__).resolve().parents[1]
 CLAIMS = REPO / "workflow" / "claims.yaml"

@@ -12,11 +12,20 @@ from pathlib import Path
 
 import pytest
 
-from dpace.fingerprint import script_fingerprint, script_modules
+from dpace.fingerprint import module_path, script_fingerprint, script_modules
 
 REPO = Path(__file__).resolve().parents[1]
 SCRIPTS = sorted((REPO / "workflow" / "scripts").glob("*.py"))
-MODULES = sorted(path.stem for path in (REPO / "dpace").glob("*.py") if path.stem != "__init__")
+
+
+def _module_name(path: Path) -> str:
+    """dpace/report/tables/main.py -> dpace.report.tables.main; a package's __init__.py -> the package."""
+    parts = path.relative_to(REPO).with_suffix("").parts
+    return ".".join(parts[:-1] if parts[-1] == "__init__" else parts)
+
+
+# Every module and package of dpace, at any depth.
+MODULES = sorted(_module_name(path) for path in (REPO / "dpace").rglob("*.py") if "__pycache__" not in path.parts)
 
 
 @pytest.fixture(scope="module")
@@ -31,19 +40,19 @@ def test_editing_a_module_changes_exactly_the_fingerprints_of_the_scripts_that_r
     runs = set(script_modules(script, package_copy))
     before = script_fingerprint(script, package_copy)
     for module in MODULES:
-        path = package_copy / f"{module}.py"
+        path = module_path(module, package_copy)
         source = path.read_text()
         path.write_text(source + "\n# an edit\n")
         try:
             changed = script_fingerprint(script, package_copy) != before
         finally:
             path.write_text(source)
-        assert changed == (module in runs), f"{script.name}: edit to dpace.{module} changed={changed}"
+        assert changed == (module in runs), f"{script.name}: edit to {module} changed={changed}"
 
 
 def _named_modules(script: Path) -> list[str]:
     """The dpace modules a script's import statements name (a docstring may mention others it never imports)."""
-    return sorted(set(re.findall(r"(?m)^\s*(?:from|import)\s+dpace\.(\w+)", script.read_text())))
+    return sorted(set(re.findall(r"(?m)^\s*(?:from|import)\s+(dpace(?:\.\w+)+)", script.read_text())))
 
 
 # Third-party packages the scripts import, loaded once before the per-script forks so that each fork only
@@ -73,8 +82,8 @@ for script, named in {plan!r}.items():
     if pid == 0:
         os.close(read)
         for name in named:
-            importlib.import_module("dpace." + name)
-        os.write(write, json.dumps(sorted(m.split(".")[1] for m in sys.modules if m.startswith("dpace."))).encode())
+            importlib.import_module(name)
+        os.write(write, json.dumps(sorted(m for m in sys.modules if m == "dpace" or m.startswith("dpace."))).encode())
         os._exit(0)
     os.close(write)
     with os.fdopen(read) as pipe:
@@ -99,13 +108,36 @@ def test_every_module_loaded_by_a_script_imports_is_in_its_fingerprint(script, l
 def test_lazily_imported_backends_are_part_of_their_stage():
     """Imports inside functions count: the GPU backends are imported only when configured."""
     scripts = REPO / "workflow" / "scripts"
-    assert "drafter" in script_modules(scripts / "features.py")
-    assert {"gpus", "sglang_backend"} <= set(script_modules(scripts / "generate_responses.py"))
-    assert "specforge_backend" in script_modules(scripts / "train_drafter.py")
-    assert "sglang_backend" in script_modules(scripts / "evaluate.py")
-    assert "training" not in script_modules(scripts / "render_artifact.py")
-    # Generation reaches the SGLang backend, but not the evaluation (decoding) code through it.
-    assert not {"evaluation", "decoding"} & set(script_modules(scripts / "generate_responses.py"))
+    assert "dpace.training.drafter" in script_modules(scripts / "features.py")
+    assert {"dpace.gpus", "dpace.responses.generation"} <= set(script_modules(scripts / "generate_responses.py"))
+    assert "dpace.training.specforge_backend" in script_modules(scripts / "train_drafter.py")
+    assert "dpace.evaluation.sglang_backend" in script_modules(scripts / "evaluate.py")
+    assert "dpace.training.loop" not in script_modules(scripts / "render_artifact.py")
+    # Generation's SGLang engine needs only the install check (dpace.gpus), none of the evaluation code.
+    assert not [m for m in script_modules(scripts / "generate_responses.py") if m.startswith("dpace.evaluation")]
+
+
+def test_nested_modules_and_the_packages_above_them_are_followed():
+    """A module in a sub-package is found by its dotted name, and importing it runs every package's
+    __init__.py above it: an edit to one of those reruns the job, an edit to a sibling package's does not."""
+    render = REPO / "workflow" / "scripts" / "render_artifact.py"
+    runs = set(script_modules(render))
+    assert {"dpace", "dpace.report", "dpace.report.tables", "dpace.report.tables.main",
+            "dpace.report.latex", "dpace.training", "dpace.training.objectives"} <= runs
+    assert module_path("dpace.report.tables", REPO / "dpace") == REPO / "dpace" / "report" / "tables" / "__init__.py"
+    assert module_path("dpace.report.tables.main", REPO / "dpace") == REPO / "dpace" / "report" / "tables" / "main.py"
+    assert module_path("dpace.report.tables.main.table_main", REPO / "dpace") is None  # a function, not a module
+    assert not {"dpace.evaluation", "dpace.responses"} & runs
+
+
+def test_collecting_metrics_does_not_run_the_table_or_figure_code():
+    """The metrics and training CSVs (dpace.report.collect) are apart from rendering (dpace.report.render):
+    an edit to a table or a figure reruns the renderers only."""
+    scripts = REPO / "workflow" / "scripts"
+    for script in ("experiment_metrics.py", "experiment_training.py"):
+        runs = script_modules(scripts / script)
+        assert not [m for m in runs if m.startswith("dpace.report.tables") or m in
+                    {"dpace.report.figures", "dpace.report.latex", "dpace.report.render"}], (script, runs)
 
 
 def test_every_rule_fingerprints_the_script_it_runs():
@@ -128,7 +160,7 @@ def _snakemake(repo: Path, workdir: Path, config: Path, *args: str) -> subproces
 
 
 def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror):
-    """Through Snakemake: build the features, edit dpace/drafter.py (which features imports through
+    """Through Snakemake: build the features, edit dpace/training/drafter.py (which features imports through
     dpace.features, the module the old hand-written list missed): the features job is planned again;
     an edit to table rendering plans nothing."""
     from workflow_runs import planned_jobs, write_config
@@ -143,7 +175,7 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
     assert built.returncode == 0, built.stderr[-3000:]
     assert planned_jobs(_snakemake(repo, workdir, config, "-n", target)) == {}
 
-    for module, planned in (("tables", {}), ("drafter", {"features": 1}), ("io", {"features": 1})):
+    for module, planned in (("report/tables/main", {}), ("training/drafter", {"features": 1}), ("io", {"features": 1})):
         path = repo / "dpace" / f"{module}.py"
         source = path.read_text()
         path.write_text(source + "\n# an edit\n")
@@ -157,15 +189,15 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
 
 
 def test_training_fingerprints_cover_only_the_objective_they_train(package_copy):
-    """Training's fingerprint covers dpace.objectives' shared code and its own objective's record and weight
+    """Training's fingerprint covers dpace.training.objectives' shared code and its own objective's record and weight
     function: a new objective, or an edit to another one's formula, leaves it alone."""
     from workflow_runs import with_lindecay
 
-    from dpace.objectives import OBJECTIVES
+    from dpace.training.objectives import OBJECTIVES
 
     script = REPO / "workflow" / "scripts" / "train_drafter.py"
     report = REPO / "workflow" / "scripts" / "render_artifact.py"
-    path = package_copy / "objectives.py"
+    path = package_copy / "training" / "objectives.py"
     source = path.read_text()
 
     def fingerprints(edited: str) -> dict[str, str]:

@@ -83,6 +83,34 @@ def test_gpu_slots_never_share_a_gpu(gpu_env):
         pass
 
 
+def test_a_torch_job_gets_a_locked_gpu_when_it_asks_and_the_machine_has_one(gpu_env, monkeypatch):
+    """torch_device_slot: the device choice every in-process stage makes (features, responses, baseline,
+    evaluation, training)."""
+    import torch
+
+    from dpace.gpus import gpu_slot, torch_device_slot
+
+    quiet = {"log": lambda *_: None}
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: True)
+    with torch_device_slot(1, **quiet) as device:
+        assert device == "cuda" and os.environ["CUDA_VISIBLE_DEVICES"] == "0"
+        with torch_device_slot("1", **quiet) as second:  # a resource may arrive as a string
+            assert second == "cuda" and os.environ["CUDA_VISIBLE_DEVICES"] == "1"  # never the same GPU
+    assert "CUDA_VISIBLE_DEVICES" not in os.environ
+    with torch_device_slot(0, **quiet) as device:  # the rule asked for none: the CPU, no lock
+        assert device == "cpu" and "CUDA_VISIBLE_DEVICES" not in os.environ
+        with gpu_slot(2, **quiet):
+            pass  # both GPUs were free
+    monkeypatch.setattr(torch.cuda, "is_available", lambda: False)
+    with torch_device_slot(1, **quiet) as device:  # a GPU id without a usable CUDA (a CPU-only torch)
+        assert device == "cpu"
+    monkeypatch.setenv("DPACE_GPUS", "")
+    monkeypatch.setattr("dpace.gpus._proc_gpu_count", lambda: 0)
+    monkeypatch.setattr("dpace.gpus._nvidia_smi_ids", lambda: [])
+    with torch_device_slot(1, **quiet) as device:  # asked, but the machine has no GPU
+        assert device == "cpu" and "CUDA_VISIBLE_DEVICES" not in os.environ
+
+
 def test_a_gpu_held_by_another_process_is_skipped_and_freed_when_it_dies(gpu_env):
     from dpace.gpus import gpu_slot
 
@@ -189,8 +217,8 @@ def _fake_drafter(tmp_path, block_size=4) -> Path:
 
 
 def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target_json, fake_sglang):
-    from dpace.evaluation import BLOCK_COLUMNS, summarize
-    from dpace.sglang_backend import evaluate_sglang
+    from dpace.evaluation.evaluate import BLOCK_COLUMNS, summarize
+    from dpace.evaluation.sglang_backend import evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
@@ -235,7 +263,7 @@ def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target
 def _evaluate_twice(tmp_path, target_json, fake_sglang, change):
     """Evaluate a fake drafter at T=0, apply ``change(out, drafter)``, evaluate again: the second
     run's summary and the argv of every server it started."""
-    from dpace.sglang_backend import evaluate_sglang
+    from dpace.evaluation.sglang_backend import evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
@@ -271,7 +299,7 @@ def test_sglang_evaluation_of_a_retrained_drafter_starts_over(tmp_path, tiny_tar
 
 
 def test_sglang_server_that_dies_or_never_answers_fails_clearly(tmp_path):
-    from dpace.sglang_backend import free_port, sglang_server
+    from dpace.evaluation.sglang_backend import free_port, sglang_server
 
     port = free_port()
     with pytest.raises(RuntimeError, match="exited with code 3.*boom"), sglang_server(
@@ -286,7 +314,8 @@ def test_sglang_server_that_dies_or_never_answers_fails_clearly(tmp_path):
 def test_sglang_missing_gives_an_install_hint(monkeypatch):
     if importlib.util.find_spec("sglang") is not None:
         pytest.skip("SGLang is installed here")
-    from dpace.sglang_backend import launch_prefix, require_sglang
+    from dpace.evaluation.sglang_backend import launch_prefix
+    from dpace.gpus import require_sglang
 
     monkeypatch.delenv("DPACE_SGLANG_LAUNCH", raising=False)
     with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
@@ -317,7 +346,7 @@ class _FakeEngine:
 
 
 def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_target_json, gpu_env, monkeypatch):
-    from dpace.generation import generate_responses
+    from dpace.responses.generation import generate_responses
 
     fake = type(sys)("sglang")
     fake.Engine = _FakeEngine
@@ -328,7 +357,7 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
     scratch = tmp_path / "partial.jsonl"
     settings = dict(backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5, dtype="bfloat16",
                     scratch_path=scratch)
-    import dpace.generation as generation
+    import dpace.responses.generation as generation
 
     class Killed(generation.JsonlAppender):  # the job dies after its first answer is written
         def write(self, row):
@@ -364,7 +393,7 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
                     reason="needs SGLang and a CUDA GPU")
 def test_real_sglang_engine_generates(tmp_path, tiny_target_json, monkeypatch):
-    from dpace.generation import generate_responses
+    from dpace.responses.generation import generate_responses
 
     monkeypatch.setenv("DPACE_GPU_LOCK_DIR", str(tmp_path / "locks"))
     atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Hello"}])
@@ -374,7 +403,7 @@ def test_real_sglang_engine_generates(tmp_path, tiny_target_json, monkeypatch):
 
 
 def test_sglang_generation_without_sglang_says_how_to_install(tmp_path, tiny_target_json, monkeypatch):
-    from dpace.generation import generate_responses
+    from dpace.responses.generation import generate_responses
 
     monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang -> ImportError
     atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Hello"}])
@@ -404,7 +433,7 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
     from specforge.application.composition import bind_run
 
     from dpace.config import all_variants
-    from dpace.specforge_backend import (
+    from dpace.training.specforge_backend import (
         ALGORITHM_NAME,
         ObjectiveSpec,
         algorithm_registration,
@@ -447,7 +476,7 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
 
 
 def test_topology_keeps_the_effective_batch():
-    from dpace.specforge_backend import plan_topology
+    from dpace.training.specforge_backend import plan_topology
 
     assert plan_topology(["0", "1"], 2, 2).quantum == 4
     eight = plan_topology([str(i) for i in range(8)], 2, 2)
@@ -461,7 +490,8 @@ def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix"
     from transformers import AutoConfig
 
     from dpace.features import load_features
-    from dpace.specforge_backend import (
+    from dpace.targets import model_location
+    from dpace.training.specforge_backend import (
         ObjectiveSpec,
         accepted_prompts,
         plan_topology,
@@ -469,7 +499,6 @@ def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix"
         write_draft_config,
         write_prompts,
     )
-    from dpace.targets import model_location
 
     path, _ = model_location(tiny_target_json)
     spec = ObjectiveSpec(objective, hparams or {}, None).resolved(4)
@@ -489,18 +518,18 @@ def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix"
 
 
 def test_specforge_launch_plan_reenters_dpace_with_three_features(tmp_path, tiny_target_json, features_dir, capsys):
-    from dpace.specforge_backend import main
+    from dpace.training.specforge_backend import main
 
     run_yaml, _, _ = _write_run(tmp_path, tiny_target_json, features_dir, gpus=("0", "1", "2"))
     assert main(["train", "--config", str(run_yaml), "--plan"]) == 0
     plan = json.loads(capsys.readouterr().out)
     assert plan["kind"] == "managed_supervisor"
     producer, consumer = (c["argv"] for c in plan["commands"])
-    assert producer[1:4] == ["-m", "dpace.specforge_backend", "train"] and producer[-1] == "producer"
+    assert producer[1:4] == ["-m", "dpace.training.specforge_backend", "train"] and producer[-1] == "producer"
     # Two trainer ranks: torchrun runs this entry point again (the stock CLI would not know "dpace").
     assert consumer[1:4] == ["-m", "torch.distributed.run", "--no-python"]
     assert consumer[consumer.index("--nproc_per_node") + 1] == "2"
-    assert consumer[-7:-4] == ["-m", "dpace.specforge_backend", "train"]
+    assert consumer[-7:-4] == ["-m", "dpace.training.specforge_backend", "train"]
     capture = plan["services"][1]["command"]
     argv = capture["argv"]
     layers = argv[argv.index("--spec-capture-aux-layer-ids") + 1: argv.index("--host")]
@@ -519,8 +548,8 @@ def test_registered_provider_builds_and_steps_our_objective(tmp_path, tiny_targe
     from transformers import AutoConfig, AutoTokenizer
 
     from dpace.features import load_features
-    from dpace.online_model import ObjectiveDFlashModel
-    from dpace.specforge_backend import objective_of_run, registry
+    from dpace.training.online_model import ObjectiveDFlashModel
+    from dpace.training.specforge_backend import objective_of_run, registry
 
     run_yaml, _, _ = _write_run(tmp_path, tiny_target_json, features_dir, objective, hparams)
     raw = yaml.safe_load(run_yaml.read_text())
@@ -585,7 +614,7 @@ FAKE_SPECFORGE = textwrap.dedent('''
 
 def test_train_with_specforge_launches_exports_and_summarises(tmp_path, tiny_target_json, features_dir, monkeypatch):
     from dpace.features import load_features
-    from dpace.specforge_backend import OBJECTIVE_KEY, train_with_specforge
+    from dpace.training.specforge_backend import OBJECTIVE_KEY, train_with_specforge
 
     script = tmp_path / "specforge"
     script.write_text(f"#!{sys.executable}\n" + FAKE_SPECFORGE)
@@ -633,7 +662,7 @@ def test_train_with_specforge_launches_exports_and_summarises(tmp_path, tiny_tar
 
 
 def test_specforge_backend_refuses_one_gpu(tmp_path, tiny_target_json, features_dir):
-    from dpace.specforge_backend import train_with_specforge
+    from dpace.training.specforge_backend import train_with_specforge
 
     settings = {"objective": "dpace", "objective_hparams": {}, "normalization": None, "depth": 1, "block_size": 4,
                 "epochs": 1, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04, "max_grad_norm": 1.0,
@@ -711,7 +740,7 @@ def test_gpu_check_quick_cut_takes_a_tokenizer_folder_and_plans_few_jobs(tmp_pat
 
 
 def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):
-    from dpace.report import eval_location
+    from dpace.experiments import eval_location
 
     gpu_check = _gpu_check_module()
     path = tmp_path / "results" / "eval" / "tiny" / "dpace-alpha0.5-d1-b4-e2" / "epoch-2" / "full" / "summary.json"
@@ -726,7 +755,7 @@ def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):
 
 def test_sglang_rows_take_tau_from_sglangs_accept_length_not_from_step_lengths():
     """SGLang's own accept length defines tau, for the row and for every request the intervals resample."""
-    from dpace.sglang_backend import summarize_sglang
+    from dpace.evaluation.sglang_backend import summarize_sglang
 
     def turn(turn_index, accept_length, lengths):
         return {"turn": turn_index, "ar": {"time_per_output_token_s": 2.0},

@@ -8,7 +8,7 @@ the default (alpha 0.5 everywhere) cannot see it. So each case here sets a non-d
 hyper-parameter of one registry record, captures the first training forward's loss and the logits it
 was computed from, and checks that the loss equals ``block_loss`` at that value and not at the default.
 
-The cases are read from ``dpace.objectives.REGISTRY``: a new record's hyper-parameters are covered
+The cases are read from ``dpace.training.objectives.REGISTRY``: a new record's hyper-parameters are covered
 without editing this file, as long as ``TRIAL_VALUES`` knows a valid non-default value for each name.
 """
 
@@ -21,13 +21,13 @@ from specforge.modeling.draft.dflash import DFlashDraftModel
 from torch import nn
 from transformers import Qwen3Config
 
-import dpace.online_model
-import dpace.specforge_backend
+import dpace.training.online_model
+import dpace.training.specforge_backend
 from dpace.features import compute_features, load_features
 from dpace.io import atomic_write_jsonl
-from dpace.objectives import REGISTRY, block_loss, resolve_hparams
-from dpace.online_model import ObjectiveDFlashModel
-from dpace.training import TrainConfig, train_drafter
+from dpace.training.loop import TrainConfig, train_drafter
+from dpace.training.objectives import REGISTRY, block_loss, resolve_hparams
+from dpace.training.online_model import ObjectiveDFlashModel
 
 # B = 8 has a DFlash default gamma (4), so dflash's gamma has a default to differ from.
 BLOCK_SIZE = 8
@@ -56,7 +56,7 @@ class LossProbe:
     def __init__(self, monkeypatch):
         self.forwards: list[dict] = []
         self._calls: list[dict] | None = None
-        terms, forward = dpace.online_model.objective_terms, ObjectiveDFlashModel.forward
+        terms, forward = dpace.training.online_model.objective_terms, ObjectiveDFlashModel.forward
 
         def recording_terms(objective, **inputs):
             if self._calls is not None:
@@ -76,7 +76,7 @@ class LossProbe:
                                   "normalization": model.normalization, "inputs": joined})
             return loss, accuracy, metrics
 
-        monkeypatch.setattr(dpace.online_model, "objective_terms", recording_terms)
+        monkeypatch.setattr(dpace.training.online_model, "objective_terms", recording_terms)
         monkeypatch.setattr(ObjectiveDFlashModel, "forward", recording_forward)
 
     def check_first_forward(self, objective: str, name: str, value) -> None:
@@ -162,7 +162,7 @@ def test_train_config_reaches_the_loss(monkeypatch, tmp_path, tiny_target_json, 
 
 
 def specforge_train_in_process(run_yaml: str, features_dir) -> None:
-    """What ``dpace.specforge_backend train`` does up to the first loss, in this process, on CPU:
+    """What ``dpace.training.specforge_backend train`` does up to the first loss, in this process, on CPU:
     the objective read back from the run's draft config, SpecForge's registered providers, one forward."""
     from specforge.application import resolve_run
     from specforge.config.schema import Config
@@ -170,7 +170,7 @@ def specforge_train_in_process(run_yaml: str, features_dir) -> None:
     from transformers import AutoConfig, AutoTokenizer
 
     cfg = Config.model_validate(yaml.safe_load(open(run_yaml)))
-    run = resolve_run(cfg, dpace.specforge_backend.registry(dpace.specforge_backend.objective_of_run(run_yaml)))
+    run = resolve_run(cfg, dpace.training.specforge_backend.registry(dpace.training.specforge_backend.objective_of_run(run_yaml)))
     model_providers = run.algorithm.providers.model
     draft_config = resolve_draft_config(cfg, provider=model_providers.draft_config)
     draft = model_providers.build_draft(cfg, draft_config)
@@ -192,14 +192,14 @@ def test_specforge_settings_reach_the_loss(monkeypatch, tmp_path, tiny_target_js
             specforge_train_in_process(command[command.index("--config") + 1], features_dir)
         return 1, ""
 
-    monkeypatch.setattr(dpace.specforge_backend, "cli_prefix", lambda: ["specforge"])
-    monkeypatch.setattr(dpace.specforge_backend, "_run", run_in_process)
+    monkeypatch.setattr(dpace.training.specforge_backend, "cli_prefix", lambda: ["specforge"])
+    monkeypatch.setattr(dpace.training.specforge_backend, "_run", run_in_process)
     settings = {"objective": objective, "objective_hparams": {name: TRIAL_VALUES[name]}, "normalization": None,
                 "depth": 1, "block_size": BLOCK_SIZE, "epochs": 1, "num_anchors": 6, "learning_rate": 1e-3,
                 "warmup_ratio": 0.04, "max_grad_norm": 1.0, "micro_batch_size": 1, "grad_accumulation": 1,
                 "objective_chunk_blocks": 0, "seed": 0, "weight_decay": 0.0}
     with pytest.raises(RuntimeError, match="SpecForge training exited with code 1"):
-        dpace.specforge_backend.train_with_specforge(
+        dpace.training.specforge_backend.train_with_specforge(
             settings, target_json=tiny_target_json, features_dir=features_dir, out_dir=tmp_path / "out",
             scratch_dir=tmp_path / "scratch", gpus=["0", "1"], mask_token_id=0, max_length=256, precision="fp32",
             attention_backend="sdpa", log=open(tmp_path / "log", "w"))

@@ -1,4 +1,4 @@
-"""Paired bootstrap intervals (dpace.intervals) on constructed evaluations with a known truth."""
+"""Paired bootstrap intervals (dpace.report.intervals) on constructed evaluations with a known truth."""
 
 from __future__ import annotations
 
@@ -8,7 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
-from dpace.intervals import (
+from dpace.report.intervals import (
     compare_summaries,
     experiment_comparisons,
     hierarchical_bootstrap,
@@ -323,8 +323,8 @@ def test_experiment_comparisons_average_a_method_over_its_training_seeds():
 
 
 def test_experiment_metrics_compare_methods_over_the_seeds_their_metadata_names(tmp_path):
-    """The metrics job (dpace.report): per-seed summaries in, one comparison per method with its seeds out."""
-    from dpace.report import experiment_metrics
+    """The metrics job (dpace.report.collect): per-seed summaries in, one comparison per method with its seeds out."""
+    from dpace.report.collect import experiment_metrics
 
     generator = np.random.default_rng(9)
     ours, reference = _seed_study(generator, seeds=2, prompts=6)

@@ -91,7 +91,7 @@ def test_a_figure_whose_png_fails_leaves_no_png_and_a_complete_pdf(tmp_path, mon
     matplotlib.use("Agg")
     from matplotlib.figure import Figure
 
-    from dpace.figures import save_figure
+    from dpace.report.figures import save_figure
 
     fig = Figure()
     fig.add_subplot().plot([0, 1], [1, 0])
@@ -122,7 +122,7 @@ class HalfSavingModel:
 
 
 def test_a_drafter_epoch_that_fails_mid_save_is_not_there(tmp_path):
-    from dpace.drafter import save_drafter
+    from dpace.training.drafter import save_drafter
 
     with pytest.raises(Interrupted):
         save_drafter(HalfSavingModel(), tmp_path / "epoch-1")

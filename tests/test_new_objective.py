@@ -16,8 +16,12 @@ import pandas as pd
 import pytest
 import torch
 
-from dpace import figures, objectives, tables
-from dpace.objectives import Objective, block_loss
+from dpace.report import figures
+from dpace.report.tables.ablation import table_ablation
+from dpace.report.tables.averages import table_objectives_extra
+from dpace.report.tables.main import table_main
+from dpace.training import objectives
+from dpace.training.objectives import Objective, block_loss
 
 
 def lindecay_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits):
@@ -78,7 +82,7 @@ def test_the_loss_of_a_registered_record(lindecay):
 
 
 def test_table_main_shows_the_new_objective_in_its_rank(lindecay, metrics):
-    latex = tables.table_main(with_runs_of(metrics, "lindecay", {"main": "topk-prefix"}, 0.05))
+    latex = table_main(with_runs_of(metrics, "lindecay", {"main": "topk-prefix"}, 0.05))
     # Rank 2 ties with Accept-rate; the name breaks the tie. Four blocks: T in {0, 1} x depth in {1, 2}.
     order = ["DFlash", "Top-3 prefix mask", "Accept-rate", "Linear decay", r"\textbf{D-PACE}"]
     assert first_cells(latex) == order * 4
@@ -88,7 +92,7 @@ def test_table_main_shows_the_new_objective_in_its_rank(lindecay, metrics):
 
 def test_table_ablation_and_figure_3c_show_the_new_objective(lindecay, metrics):
     frame = with_runs_of(metrics, "lindecay", {"ablation": "dpace-cumulative"}, -0.2)
-    latex = tables.table_ablation(frame)
+    latex = table_ablation(frame)
     assert first_cells(latex) == ["DFlash (decayed-CE)", "Linear decay", "continuation-only", "cumulative-only",
                                   r"\textbf{D-PACE (full)}"]
     row = next(r for r in latex.splitlines() if r.startswith("Linear decay &"))
@@ -104,7 +108,7 @@ def test_table_ablation_and_figure_3c_show_the_new_objective(lindecay, metrics):
 
 
 def test_table_objectives_extra_shows_the_new_objective(lindecay, metrics):
-    latex = tables.table_objectives_extra(with_runs_of(metrics, "lindecay", {"extras": "dpakl"}, 0.1))
+    latex = table_objectives_extra(with_runs_of(metrics, "lindecay", {"extras": "dpakl"}, 0.1))
     assert first_cells(latex) == ["DFlash", "Linear decay", "D-PAKL", "PARD-2 CAT", r"\textbf{D-PACE}"]
     caption = caption_of(latex)
     assert "``Linear decay'' weights position $j$ by $1-(j-1)/B$" in caption
@@ -112,10 +116,10 @@ def test_table_objectives_extra_shows_the_new_objective(lindecay, metrics):
 
 
 SHOWS_OBJECTIVES = {
-    "Table 1": (tables.table_main, "main", "topk-prefix"),
-    "Table 3": (tables.table_ablation, "ablation", "dpace-cumulative"),
+    "Table 1": (table_main, "main", "topk-prefix"),
+    "Table 3": (table_ablation, "ablation", "dpace-cumulative"),
     "Figure 3c": (figures.tau_trajectory_figure, "ablation", "dpace-cumulative"),
-    "extras table": (tables.table_objectives_extra, "extras", "dpakl"),
+    "extras table": (table_objectives_extra, "extras", "dpakl"),
 }
 
 
@@ -133,4 +137,4 @@ def test_an_objective_without_colour_or_caption_wording_is_an_error_naming_it(mo
         figures.tau_trajectory_figure(frame)
     monkeypatch.setitem(objectives.REGISTRY, "lindecay", dataclasses.replace(LINDECAY, caption=""))
     with pytest.raises(ValueError, match="objective 'lindecay' has no caption wording"):
-        tables.table_ablation(frame)
+        table_ablation(frame)

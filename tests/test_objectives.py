@@ -1,4 +1,4 @@
-"""dpace.objectives against naive transcriptions of the paper's formulas.
+"""dpace.training.objectives against naive transcriptions of the paper's formulas.
 
 The naive reference works block by block in plain Python: it drops the block's invalid
 positions (no-ops in products, excluded from sums) and then applies the paper's formula
@@ -20,7 +20,7 @@ import pytest
 import torch
 import torch.nn.functional as F
 
-from dpace.objectives import (
+from dpace.training.objectives import (
     DEFAULT_NORMALIZATION,
     NEEDS_TARGET_LOGITS,
     OBJECTIVES,
@@ -611,9 +611,10 @@ def test_resolve_hparams_fills_defaults():
 def test_one_registry_record_is_all_a_new_objective_needs(monkeypatch):
     """A record plus its weight formula: the loss, the hyper-parameter defaults, the default
     denominator, the config's variants, SpecForge's spec and the table label all pick it up."""
-    from dpace import objectives, tables
     from dpace.config import experiments
-    from dpace.specforge_backend import ObjectiveSpec
+    from dpace.report.latex import objective_label
+    from dpace.training import objectives
+    from dpace.training.specforge_backend import ObjectiveSpec
 
     def squared_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits):
         return (confidence**2 + hparams["alpha"]) * valid.to(confidence.dtype)
@@ -638,11 +639,11 @@ def test_one_registry_record_is_all_a_new_objective_needs(monkeypatch):
     assert [v.id for v in experiments(config)["main"].variants] == ["squared-q-alpha0.25-d1-b8-e2"]
     assert ObjectiveSpec("sq").resolved(8).hparams == {"alpha": 0.25}
     assert not ObjectiveSpec("sq").needs_target_logits
-    assert tables.objective_label("squared-q") == "Squared q"
+    assert objective_label("squared-q") == "Squared q"
 
 
 def test_registry_views_agree_with_the_records():
-    from dpace.objectives import OBJECTIVE_ALIASES
+    from dpace.training.objectives import OBJECTIVE_ALIASES
 
     assert OBJECTIVES == tuple(REGISTRY)
     assert NEEDS_TARGET_LOGITS == {name for name, record in REGISTRY.items() if record.needs_target_logits}

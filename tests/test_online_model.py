@@ -19,8 +19,8 @@ from specforge.modeling.draft.dflash import DFlashDraftModel
 from torch import nn
 from transformers import Qwen3Config
 
-from dpace.objectives import OBJECTIVES
-from dpace.online_model import ObjectiveDFlashModel
+from dpace.training.objectives import OBJECTIVES
+from dpace.training.online_model import ObjectiveDFlashModel
 
 DTYPE = torch.float64
 HIDDEN, VOCAB, MASK_TOKEN, BLOCK_SIZE = 32, 97, 96, 4
@@ -192,7 +192,7 @@ def test_dropping_the_context_a_sliding_window_never_sees_changes_no_loss_or_gra
     sequences (other positions, other padding) must give the same loss and gradients. Two layers: the
     earliest visible position reaches the loss only through the anchor's own slot in the second layer."""
     from dpace.features import FeatureSet
-    from dpace.training import padded_micro_batches
+    from dpace.training.loop import padded_micro_batches
 
     window, prompts, answer = 3, (9, 14), 10
     draft, lm_head, embed = tiny_modules(sliding_window=window, depth=2)
@@ -305,8 +305,8 @@ def compare_flex_attention_with_sdpa() -> None:
 def test_drafters_train_on_grouped_kv_attention_with_the_losses_and_gradients_of_plain_sdpa(sliding_window):
     """``build_drafter`` trains its SDPA drafters on ``dpace.targets.grouped_kv_sdpa`` (no per-head key/value
     copies on a CPU): the dense DFlash mask must give the same loss and gradients as transformers' SDPA."""
-    from dpace.drafter import build_drafter
     from dpace.targets import GROUPED_KV_SDPA
+    from dpace.training.drafter import build_drafter
 
     draft, lm_head, embed = tiny_modules(sliding_window=sliding_window)
     assert draft.config.num_attention_heads // draft.config.num_key_value_heads == 2  # a grouped layer

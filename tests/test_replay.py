@@ -1,4 +1,4 @@
-"""Replayed tau (dpace.replay) against real speculative decoding, on a tiny random target.
+"""Replayed tau (dpace.evaluation.replay) against real speculative decoding, on a tiny random target.
 
 A random drafter accepts nothing (every step 1), which would make equality trivial, so the drafter
 here is trained for a few steps on the target's own keyed samples with ``block_logits`` (the same
@@ -15,12 +15,10 @@ import json
 import pytest
 import torch
 
-import dpace.evaluation as evaluation
-from dpace.decoding import speculative_generate
-from dpace.drafter import drafter_config, load_drafter, save_drafter
-from dpace.evaluation import ReplayMismatch, evaluate_drafter, measure_baseline
-from dpace.io import atomic_write_jsonl
-from dpace.replay import (
+import dpace.evaluation.evaluate as evaluation
+from dpace.evaluation.decoding import speculative_generate
+from dpace.evaluation.evaluate import ReplayMismatch, evaluate_drafter, measure_baseline
+from dpace.evaluation.replay import (
     block_logits,
     compare_replay,
     needed_context_start,
@@ -28,7 +26,9 @@ from dpace.replay import (
     replay_turn,
     target_features,
 )
+from dpace.io import atomic_write_jsonl
 from dpace.targets import chat_prompt_ids, load_target, prepare_target, stop_token_ids
+from dpace.training.drafter import drafter_config, load_drafter, save_drafter
 
 MAX_NEW = 14  # not a multiple of the block's step: the last block is cut at the cap
 BLOCK = 4
@@ -233,7 +233,7 @@ def test_exactness_check_catches_a_broken_replay(evaluation_setup, tmp_path, mon
 
 def test_speedup_interval_resamples_the_decoded_prompts_only():
     """Replayed tau: every prompt has a tau, only the decoded ones a time; SR and its interval come from those."""
-    from dpace.intervals import paired_bootstrap
+    from dpace.report.intervals import paired_bootstrap
 
     def requests(taus, times):
         return [{"id": f"p{i}", "tau": tau, "ar_tpot_s": None if i >= len(times) else 1.0,

@@ -7,7 +7,7 @@ import math
 import pandas as pd
 
 from dpace.gpu_check import load_benchmark
-from dpace.intervals import COMPARISON_COLUMNS
+from dpace.report.intervals import COMPARISON_COLUMNS
 
 run_summary = load_benchmark("run_summary")
 

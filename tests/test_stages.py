@@ -6,8 +6,8 @@ import pytest
 import torch
 
 from dpace.features import compute_features, load_features, tokenize_conversation
-from dpace.generation import generate_responses
 from dpace.io import atomic_write_jsonl, read_jsonl
+from dpace.responses.generation import generate_responses
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
 PROMPTS = [
@@ -59,7 +59,7 @@ def test_a_cut_answer_gets_no_end_token_a_finished_one_does(tiny_target_json):
 
 def _interrupted_generation(tmp_path, target_json, monkeypatch, **settings):
     """Generate until the second answer is written, then fail like a killed job; the scratch path."""
-    import dpace.generation as generation
+    import dpace.responses.generation as generation
 
     class Killed(generation.JsonlAppender):
         def write(self, row):
@@ -229,7 +229,7 @@ def test_target_without_chat_template_is_rejected(tmp_path, tiny_target_json):
 
 
 def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target_json, monkeypatch):
-    import dpace.generation
+    import dpace.responses.generation
 
     answered_in = []
 
@@ -238,7 +238,7 @@ def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target
         answered_in.append(next(model.parameters()).dtype)
         return model, tokenizer
 
-    monkeypatch.setattr(dpace.generation, "load_target", recording_load_target)
+    monkeypatch.setattr(dpace.responses.generation, "load_target", recording_load_target)
     prompts = tmp_path / "prompts.jsonl"
     atomic_write_jsonl(prompts, PROMPTS)
     out = tmp_path / "responses.jsonl"

@@ -20,7 +20,14 @@ import pandas as pd
 import pytest
 from scipy import stats
 
-from dpace import tables
+from dpace.report.tables.ablation import table_ablation
+from dpace.report.tables.averages import table_normalization, table_objectives_extra, table_target_prob
+from dpace.report.tables.block_size import table_block_size
+from dpace.report.tables.correlation import table_correlation
+from dpace.report.tables.cross_model import table_cross_model
+from dpace.report.tables.main import SIGNIFICANT, table_main
+from dpace.report.tables.smoothing import table_smoothing
+from dpace.report.tables.training_time import table_training_time
 
 NUMBER = re.compile(r"\d\.\d\d|--|~ms|\d:\d\d")
 
@@ -76,7 +83,7 @@ def is_bold(cell: str) -> bool:
 
 
 def test_table_main(metrics):
-    latex = tables.table_main(metrics)
+    latex = table_main(metrics)
     rows = check_structure(latex, n_data=16, n_cols=16, label="tab:main")
     assert latex.count(r"\multirow{4}{*}{1L}") == 2 and latex.count(r"\multirow{4}{*}{2L}") == 2
     assert r"\emph{Temperature} $T = 0$" in latex and r"\emph{Temperature} $T = 1$" in latex
@@ -111,11 +118,11 @@ def test_table_main_shows_the_mean_over_training_seeds(metrics, tmp_path):
         seeds.append(seed.assign(variant=seed["variant"] + (f"-s{index}" if index else "")))
     path = tmp_path / "main.csv"
     pd.concat(seeds).to_csv(path, index=False)
-    from dpace.report import render_artifact
+    from dpace.report.render import render_artifact
 
     render_artifact("table_main", metrics=[path], out=tmp_path / "table_main.tex")
     latex = (tmp_path / "table_main.tex").read_text()
-    single = tables.table_main(metrics)
+    single = table_main(metrics)
     assert parse(latex)[2] == parse(single)[2]  # every number, and which are bold
     assert "mean over 3 training seeds" in latex and "training seeds" not in single
 
@@ -137,19 +144,19 @@ def test_table_main_marks_only_significant_average_differences(metrics):
         {"experiment": "main", "epoch": 2, "benchmark": "gsm8k", "objective": "topk-prefix", "depth": 1,
          "temperature": 0.0, "metric": "tau", "significant": True},
     ])
-    plain = check_structure(tables.table_main(metrics), n_data=16, n_cols=16, label="tab:main")
-    marked_latex = tables.table_main(metrics, comparisons=comparisons)
+    plain = check_structure(table_main(metrics), n_data=16, n_cols=16, label="tab:main")
+    marked_latex = table_main(metrics, comparisons=comparisons)
     marked = check_structure(marked_latex, n_data=16, n_cols=16, label="tab:main")
-    dagger = tables.SIGNIFICANT
+    dagger = SIGNIFICANT
     changed = {(i, j) for i, (a, b) in enumerate(zip(plain, marked, strict=True)) for j in range(len(a)) if a[j] != b[j]}
     assert changed == {(3, 15), (6, 14)}  # T=0 1L D-PACE avg tau; T=0 2L Accept-rate avg SR
     assert marked[3][15] == plain[3][15] + dagger and marked[6][14] == plain[6][14] + dagger
-    assert "paired bootstrap" in marked_latex and "paired bootstrap" not in tables.table_main(metrics)
+    assert "paired bootstrap" in marked_latex and "paired bootstrap" not in table_main(metrics)
 
 
 def test_table_main_missing_benchmark_gives_dashes(metrics):
     drop = (metrics["variant"] == "main-dflash-d1") & (metrics["temperature"] == 0) & (metrics["benchmark"] == "alpaca")
-    latex = tables.table_main(metrics[~drop])
+    latex = table_main(metrics[~drop])
     rows = check_structure(latex, n_data=16, n_cols=16, label="tab:main")
     assert rows[0][12:] == ["--", "--", "--", "--"]  # Alpaca and the average
     assert rows[3][-2:] == [r"\textbf{2.40}", r"\textbf{3.40}"]
@@ -158,14 +165,14 @@ def test_table_main_missing_benchmark_gives_dashes(metrics):
 def test_table_main_duplicate_runs_raise(metrics):
     dup = metrics[metrics["variant"] == "main-dflash-d1"].assign(variant="main-dflash-d1-bis")
     with pytest.raises(ValueError, match="several rows"):
-        tables.table_main(pd.concat([metrics, dup]))
+        table_main(pd.concat([metrics, dup]))
 
 
 # ---------------------------------------------------------------- Table 2
 
 
 def test_table_cross_model(metrics):
-    latex = tables.table_cross_model(metrics)
+    latex = table_cross_model(metrics)
     rows = check_structure(latex, n_data=4, n_cols=8, label="tab:cross-model")
     assert r"\multirow{2}{*}{Llama-Mini}" in rows[0][0] and r"\multirow{2}{*}{Qwen-Mini}" in rows[2][0]
     assert rows[0][1:3] == ["DFlash", "1.80 / 2.60"]
@@ -177,7 +184,7 @@ def test_table_cross_model(metrics):
 
 
 def test_table_cross_model_single_target_fallback(metrics):
-    latex = tables.table_cross_model(metrics[metrics["experiment"] != "cross_model"])
+    latex = table_cross_model(metrics[metrics["experiment"] != "cross_model"])
     rows = check_structure(latex, n_data=2, n_cols=8, label="tab:cross-model")
     assert "SmolLM2-135M" in rows[0][0]
     assert rows[0][2] == "2.40 / 3.40" and rows[1][2] == r"\textbf{2.80 / 3.80}"  # main 1L, GSM8K
@@ -187,7 +194,7 @@ def test_table_cross_model_single_target_fallback(metrics):
 
 
 def test_table_ablation(metrics):
-    latex = tables.table_ablation(metrics)
+    latex = table_ablation(metrics)
     rows = check_structure(latex, n_data=4, n_cols=4, label="tab:ablation-trajectory")
     assert [r[0] for r in rows] == ["DFlash (decayed-CE)", "continuation-only", "cumulative-only",
                                     r"\textbf{D-PACE (full)}"]
@@ -202,7 +209,7 @@ def test_table_ablation(metrics):
 
 
 def test_table_smoothing(metrics):
-    latex = tables.table_smoothing(metrics)
+    latex = table_smoothing(metrics)
     rows = check_structure(latex, n_data=2, n_cols=5, label="tab:smoothing-sweep")
     assert r"& $0.0$ & $\mathbf{0.5}$ & $0.9$ & decayed-CE \\" in latex
     b8, b16 = rows
@@ -216,7 +223,7 @@ def test_table_smoothing(metrics):
 
 
 def test_table_block_size(metrics):
-    latex = tables.table_block_size(metrics)
+    latex = table_block_size(metrics)
     rows = check_structure(latex, n_data=3, n_cols=7, label="tab:block-size")
     assert [r[0] for r in rows] == ["4", "8", "16"]
     assert rows[0][1:] == [r"\textbf{1.50}", "2.50", "1.45", r"\textbf{2.60}", "$-3.3$", "$+4.0$"]
@@ -228,7 +235,7 @@ def test_table_block_size(metrics):
 
 
 def test_table_target_prob(metrics):
-    latex = tables.table_target_prob(metrics)
+    latex = table_target_prob(metrics)
     rows = check_structure(latex, n_data=3, n_cols=3, label="tab:target")
     assert rows == [
         ["DFlash (decayed-CE)", "2.00", "3.00"],
@@ -242,8 +249,8 @@ def test_table_target_prob(metrics):
 
 def test_table_training_time(train_runs, metrics):
     with pytest.raises(ValueError, match="several DFlash / D-PACE runs"):
-        tables.table_training_time(train_runs)
-    latex = tables.table_training_time(train_runs, metrics=metrics)
+        table_training_time(train_runs)
+    latex = table_training_time(train_runs, metrics=metrics)
     rows = check_structure(latex, n_data=2, n_cols=4, label="tab:training-time")
     # per iteration = one micro-batch (the paper's 173 ms), per optimizer step = 2 micro-batches
     assert rows == [["DFlash (decayed-CE)", "2:24:09", "173~ms", "346~ms"],
@@ -252,12 +259,12 @@ def test_table_training_time(train_runs, metrics):
     assert "49{,}993 iterations per epoch" in latex and "an optimizer step is 2 iterations" in latex
     assert r"$+2.3\%$" in latex and "1L draft ($B{=}16$)" in latex
     rows = check_structure(
-        tables.table_training_time(train_runs, variants=["main-dflash-d2", "main-dpace-d2"]),
+        table_training_time(train_runs, variants=["main-dflash-d2", "main-dpace-d2"]),
         n_data=2, n_cols=4, label="tab:training-time",
     )
     assert rows[0][1:] == ["3:20:48", "241~ms", "482~ms"] and rows[1][1:] == ["3:26:38", "248~ms", "496~ms"]
     without = train_runs.drop(columns=["grad_accumulation", "iterations_per_epoch"])
-    rows = check_structure(tables.table_training_time(without, metrics=metrics), n_data=2, n_cols=4,
+    rows = check_structure(table_training_time(without, metrics=metrics), n_data=2, n_cols=4,
                            label="tab:training-time")
     assert rows[0][2:] == ["--", "346~ms"]  # no accumulation recorded: per iteration unknown, not guessed
 
@@ -266,7 +273,7 @@ def test_table_training_time(train_runs, metrics):
 
 
 def test_table_correlation(blocks):
-    latex = tables.table_correlation(blocks)
+    latex = table_correlation(blocks)
     rows = check_structure(latex, n_data=2, n_cols=3, label="tab:correlation")
     sel = blocks[(blocks["benchmark"] == "math500") & (blocks["temperature"] == 0.0)]
     assert len(sel) == 20
@@ -283,13 +290,13 @@ def test_table_correlation(blocks):
 def test_table_correlation_needs_one_variant(blocks):
     two = pd.concat([blocks, blocks.assign(variant="other")])
     with pytest.raises(ValueError, match="several variants"):
-        tables.table_correlation(two)
-    assert "other" in tables.table_correlation(two, variant="other")
+        table_correlation(two)
+    assert "other" in table_correlation(two, variant="other")
 
 
 def test_table_correlation_uses_latest_epoch(blocks):
     early = blocks.assign(epoch=1, tau_block=blocks["tau_block"].iloc[::-1].to_numpy())
-    latex = tables.table_correlation(pd.concat([early, blocks.assign(epoch=2)]))
+    latex = table_correlation(pd.concat([early, blocks.assign(epoch=2)]))
     sel = blocks[(blocks["benchmark"] == "math500") & (blocks["temperature"] == 0.0)]
     rho_s = stats.spearmanr(sel["surrogate"], sel["tau_block"]).statistic
     assert f"$\\mathbf{{{rho_s:.2f}}}$" in latex and "20 blocks" in latex
@@ -299,7 +306,7 @@ def test_table_correlation_uses_latest_epoch(blocks):
 
 
 def test_table_objectives_extra(metrics):
-    latex = tables.table_objectives_extra(metrics)
+    latex = table_objectives_extra(metrics)
     rows = check_structure(latex, n_data=4, n_cols=5, label="tab:objectives-extra")
     assert r"\multicolumn{2}{c}{$T = 0$}" in latex and r"\multicolumn{2}{c}{$T = 1$}" in latex
     assert rows[0] == ["DFlash", "2.00", "3.00", "1.92", "2.92"]  # borrowed from main (1L, B=16)
@@ -309,7 +316,7 @@ def test_table_objectives_extra(metrics):
 
 
 def test_table_normalization(metrics):
-    latex = tables.table_normalization(metrics)
+    latex = table_normalization(metrics)
     rows = check_structure(latex, n_data=5, n_cols=3, label="tab:normalization")
     assert [r[0] for r in rows] == ["DFlash (decayed-CE)", "D-PACE (batch)", "D-PACE (anchor)",
                                     "D-PACE (weight)", "D-PACE (token)"]
@@ -323,14 +330,14 @@ def test_table_normalization(metrics):
 @pytest.mark.parametrize(
     ("func", "experiment", "drop"),
     [
-        (tables.table_main, "main", ["main"]),
-        (tables.table_cross_model, "cross_model", ["cross_model", "main"]),
-        (tables.table_ablation, "ablation", ["ablation"]),
-        (tables.table_smoothing, "smoothing", ["smoothing"]),
-        (tables.table_block_size, "block_size", ["block_size"]),
-        (tables.table_target_prob, "target_prob", ["target_prob"]),
-        (tables.table_objectives_extra, "extras", ["extras"]),
-        (tables.table_normalization, "normalization", ["normalization"]),
+        (table_main, "main", ["main"]),
+        (table_cross_model, "cross_model", ["cross_model", "main"]),
+        (table_ablation, "ablation", ["ablation"]),
+        (table_smoothing, "smoothing", ["smoothing"]),
+        (table_block_size, "block_size", ["block_size"]),
+        (table_target_prob, "target_prob", ["target_prob"]),
+        (table_objectives_extra, "extras", ["extras"]),
+        (table_normalization, "normalization", ["normalization"]),
     ],
 )
 def test_missing_experiment_raises(metrics, func, experiment, drop):
@@ -340,4 +347,4 @@ def test_missing_experiment_raises(metrics, func, experiment, drop):
 
 def test_missing_column_raises(metrics):
     with pytest.raises(ValueError, match="speedup"):
-        tables.table_main(metrics.drop(columns="speedup"))
+        table_main(metrics.drop(columns="speedup"))

@@ -13,12 +13,18 @@ import yaml
 
 import dpace.config as config_module
 import dpace.schema as schema_module
-import dpace.train_config as train_config_module
+import dpace.training.train_config as train_config_module
 from dpace.config import all_variants, validate_config
 from dpace.data import BENCHMARKS, TRAIN_SETS
-from dpace.objectives import NORMALIZATIONS
 from dpace.schema import load_schema, schema_defaults, schema_enum
-from dpace.train_config import VARIANT_FIELDS, WORKFLOW_KEYS, TrainConfig, check_train_config, train_knobs
+from dpace.training.objectives import NORMALIZATIONS
+from dpace.training.train_config import (
+    VARIANT_FIELDS,
+    WORKFLOW_KEYS,
+    TrainConfig,
+    check_train_config,
+    train_knobs,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 TRAIN_SCHEMA = load_schema()["properties"]["train"]
@@ -136,14 +142,14 @@ def test_python_enum_lists_are_the_schemas():
     assert data["train_prompts"]["oneOf"][1]["propertyNames"]["enum"] is data["train_set"]["oneOf"][0]["enum"]
     # ... and it is what the package loads.
     assert sorted(data["benchmarks"]["items"]["enum"]) == sorted(BENCHMARKS)
-    from dpace import metrics_frame
+    from dpace.report import metrics_frame
 
     assert metrics_frame.BENCHMARKS == tuple(BENCHMARKS)  # the tables' column order is the loaders'
     assert sorted(data["train_set"]["oneOf"][0]["enum"]) == sorted(TRAIN_SETS)
     modes = load_schema()["properties"]["experiments"]["properties"]["normalization"]["properties"]["modes"]
     assert tuple(modes["items"]["enum"]) == tuple(modes["default"]) == NORMALIZATIONS
-    from dpace.generation import BACKENDS
-    from dpace.training import PRECISIONS
+    from dpace.responses.generation import BACKENDS
+    from dpace.training.loop import PRECISIONS
 
     assert set(schema_enum("train", "precision")) == {*PRECISIONS, "auto"}  # autocast's dtype of each
     assert set(schema_enum("responses", "backend")) == set(BACKENDS)  # the function that answers with each

@@ -16,7 +16,7 @@ from safetensors.torch import load_file, save_file
 
 from dpace.features import compute_features
 from dpace.io import atomic_write_jsonl
-from dpace.training import TrainConfig, train_drafter
+from dpace.training.loop import TrainConfig, train_drafter
 
 CONVERSATIONS = [
     {"id": str(i), "conversations": [
@@ -48,7 +48,7 @@ def weights(folder: Path) -> dict:
 
 
 def test_training_lowers_the_loss_and_writes_loadable_epochs(tmp_path, tiny_target_json, features_dir):
-    from dpace.drafter import load_drafter
+    from dpace.training.drafter import load_drafter
 
     summary = train_drafter(small_config(epochs=3), target_json=tiny_target_json, features_dir=features_dir,
                             out_dir=tmp_path / "run", scratch_dir=tmp_path / "scratch")
@@ -66,7 +66,7 @@ def test_training_lowers_the_loss_and_writes_loadable_epochs(tmp_path, tiny_targ
 
 KILLER = """
 import os, signal, sys, torch
-from dpace.training import TrainConfig, train_drafter
+from dpace.training.loop import TrainConfig, train_drafter
 kill_after, config = int(sys.argv[1]), TrainConfig(**__import__("json").loads(sys.argv[2]))
 original, done = torch.optim.AdamW.step, [0]
 def step(self, *args, **kwargs):
@@ -173,7 +173,7 @@ class PoisonedGradient(torch.autograd.Function):
 def test_non_finite_gradient_stops_training_and_keeps_the_last_good_checkpoint(
     tmp_path, tiny_target_json, features_dir, monkeypatch
 ):
-    import dpace.training as training
+    import dpace.training.loop as training
 
     config = small_config()  # 3 steps per epoch; state saved after steps 2 and 4, epoch 1 after step 3
     kwargs = dict(target_json=tiny_target_json, features_dir=features_dir)
@@ -289,9 +289,9 @@ def test_bf16_autocast_trains_like_fp32_with_fp32_master_weights(tmp_path, tiny_
 def test_auto_precision_trains_in_bf16_only_where_the_cpu_computes_it_natively(tmp_path, tiny_target_json,
                                                                                features_dir, monkeypatch, native):
     """``auto`` resolves before training: the run is the explicit precision's, and its summary says which."""
-    import dpace.training
+    import dpace.training.loop
 
-    monkeypatch.setattr(dpace.training, "native_bf16", lambda device="cpu": native)
+    monkeypatch.setattr(dpace.training.loop, "native_bf16", lambda device="cpu": native)
     resolved = "bf16" if native else "fp32"
     runs = {}
     for precision in ("auto", resolved):

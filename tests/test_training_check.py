@@ -1,4 +1,4 @@
-"""The GPU check's training comparison (dpace.training_check), run on the CPU: a bf16 autocast curve
+"""The GPU check's training comparison (dpace.training.training_check), run on the CPU: a bf16 autocast curve
 follows the committed float32 reference, and a broken loss does not."""
 
 from __future__ import annotations
@@ -7,7 +7,14 @@ import json
 
 import pytest
 
-from dpace.training_check import CHECK, REFERENCE, TOLERANCE, compare_curves, prepare_check, run_check
+from dpace.training.training_check import (
+    CHECK,
+    REFERENCE,
+    TOLERANCE,
+    compare_curves,
+    prepare_check,
+    run_check,
+)
 
 
 def test_compare_curves_reports_the_largest_relative_deviation():
@@ -54,7 +61,7 @@ def test_a_target_or_drafter_initialised_otherwise_is_refused_with_the_command_t
     """Another torch or transformers may initialise the random target or drafter otherwise: the curves
     would then differ for that reason, so the check refuses and names the command that remakes the reference."""
     from dpace.targets import load_target
-    from dpace.training_check import load_check_data
+    from dpace.training.training_check import load_check_data
 
     target, tokenizer = load_target(prepared["target_json"])
     reference = prepared["reference"]

@@ -70,11 +70,12 @@ def test_smoke_table_holds_every_measured_cell(smoke_run):
     assert set(metrics["objective"]) == {"dflash", "topk-prefix", "accept-rate", "dpace"}
     assert len(metrics) == 4 * len(BENCHMARKS) * len(TEMPERATURES)
     # Every measured tau is printed in its own cell (temperature, depth, method, benchmark), rounded.
-    from dpace.tables import _k_of, benchmark_label, objective_label
+    from dpace.report.latex import benchmark_label, objective_label
+    from dpace.report.metrics_frame import k_of
 
     cells = tau_cells(table)
     for row in metrics.itertuples():
-        key = (row.temperature, row.depth, objective_label(row.objective, _k_of(metrics, row.objective)),
+        key = (row.temperature, row.depth, objective_label(row.objective, k_of(metrics, row.objective)),
                benchmark_label(row.benchmark))
         assert cells[key] == f"{row.tau:.2f}", key
     rows = [line for line in table.splitlines() if "&" in line and ("DFlash" in line or "D-PACE" in line
@@ -93,7 +94,7 @@ def test_smoke_decoding_is_lossless_at_t0(smoke_run):
 
 
 def test_smoke_checkpoints_load_into_dflash(smoke_run):
-    from dpace.drafter import load_drafter
+    from dpace.training.drafter import load_drafter
 
     workdir, _ = smoke_run
     drafters = sorted((workdir / "results" / "drafters" / "tiny").iterdir())
@@ -237,7 +238,7 @@ def test_a_training_seed_trains_the_drafters_again_on_the_same_answers(smoke_run
 
 def test_smoke_scorecard_lists_every_claim(smoke_run):
     """`all` builds results/findings.md: every claim of workflow/claims.yaml has a row and a verdict."""
-    from dpace.findings import VERDICTS, read_claims
+    from dpace.report.findings import VERDICTS, read_claims
 
     workdir, _ = smoke_run
     page = (workdir / "results" / "findings.md").read_text()
@@ -321,7 +322,7 @@ def test_a_new_objective_reruns_only_itself(smoke_run, tmp_path):
     workdir, _ = smoke_run
     repo = tmp_path / "repo"
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "tests"))
-    objectives = repo / "dpace" / "objectives.py"
+    objectives = repo / "dpace" / "training" / "objectives.py"
     source = objectives.read_text()
 
     def dry_run(code: str, **overrides) -> subprocess.CompletedProcess:

@@ -79,7 +79,7 @@ LINDECAY_RECORD = '''
 
 
 def with_lindecay(source: str) -> str:
-    """dpace/objectives.py's ``source`` with docs/objectives.md's recipe applied for ``lindecay``: one weight
+    """dpace/training/objectives.py's ``source`` with docs/objectives.md's recipe applied for ``lindecay``: one weight
     function above the registry, one record at its end."""
     registry = source.index("# --------------------------------------------------------------------------- the registry")
     source = source[:registry] + LINDECAY_FUNCTION.lstrip("\n") + "\n\n" + source[registry:]

@@ -18,7 +18,7 @@ from dpace.config import (
 )
 from dpace.data import mixture_name
 from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, reference_drafter
-from dpace.train_config import train_knobs
+from dpace.training.train_config import train_knobs
 from dpace import fingerprint
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
@@ -45,7 +45,7 @@ IMPORTED = sorted({training_data(config, name) for name, t in config["targets"].
 @functools.cache
 def script_fingerprint(script, objective=None):
     """A job's code fingerprint: every dpace module its script (workflow/scripts/<script>) imports; with
-    ``objective`` (a training job), of dpace.objectives only the shared code and that objective's record and
+    ``objective`` (a training job), of dpace.training.objectives only the shared code and that objective's record and
     weight function, so a new or edited objective retrains only its own drafters."""
     path = Path(workflow.basedir) / "workflow" / "scripts" / script
     return fingerprint.script_fingerprint(path, objective=objective)

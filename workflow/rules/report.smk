@@ -102,7 +102,7 @@ rule render_figure:
 
 
 rule findings:
-    """The scorecard (dpace.findings): the claims of workflow/claims.yaml against what this results/ holds.
+    """The scorecard (dpace.report.findings): the claims of workflow/claims.yaml against what this results/ holds.
 
     It needs only Table 1's metrics (and the training CSVs of Table 1's drafters, which cost seconds), so
     `snakemake results/findings.md` never starts another experiment. Every other metrics file it reads is

@@ -16,7 +16,7 @@ rule train_drafter:
         settings=lambda wildcards: variant(wildcards).train_settings(),
         mask_token_id=lambda wildcards: config["targets"][wildcards.target].get("mask_token_id"),
         max_seq_length=config["features"]["max_seq_length"],
-        # Every knob of the train section that all drafters share (dpace.training.train_knobs): a new knob in
+        # Every knob of the train section that all drafters share (dpace.training.train_config.train_knobs): a new knob in
         # the schema and TrainConfig reaches the job, and its cache key, with no line here.
         train=train_knobs(config["train"]),
         seed=lambda wildcards: variant(wildcards).seed(config["seed"]),

@@ -6,13 +6,13 @@ from pathlib import Path  # noqa: E402 (after the log redirect)
 
 import torch  # noqa: E402
 
-from dpace.evaluation import measure_baseline  # noqa: E402
-from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402
+from dpace.evaluation.evaluate import measure_baseline  # noqa: E402
+from dpace.gpus import torch_device_slot  # noqa: E402
 
 params = snakemake.params
 torch.set_num_threads(snakemake.threads)
 # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
+with torch_device_slot(snakemake.resources.get("gpu", 0)) as device:
     measure_baseline(
         snakemake.input.target,
         {Path(path).stem: path for path in snakemake.input.benchmarks},
@@ -22,7 +22,7 @@ with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() 
         sampled_prompts=params.sampled_prompts,
         records_path=params.records,
         out_path=snakemake.output.baseline,
-        device="cuda" if ids and torch.cuda.is_available() else "cpu",
+        device=device,
         dtype=params.dtype,
         overrun=params.overrun,
         features_path=snakemake.output.features,

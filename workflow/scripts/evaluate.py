@@ -3,7 +3,7 @@ from pathlib import Path
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402 (after the log redirect)
+from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402 (after the log redirect)
 
 params = snakemake.params
 benchmarks = {Path(path).stem: path for path in snakemake.input.benchmarks}
@@ -19,7 +19,7 @@ common = dict(
 )
 
 if params.backend == "sglang":
-    from dpace.sglang_backend import evaluate_sglang
+    from dpace.evaluation.sglang_backend import evaluate_sglang
 
     log = Path(snakemake.log[0])
     with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))):
@@ -27,12 +27,12 @@ if params.backend == "sglang":
 elif params.backend == "local":
     import torch
 
-    from dpace.evaluation import evaluate_drafter
+    from dpace.evaluation.evaluate import evaluate_drafter
 
     torch.set_num_threads(snakemake.threads)
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-    with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
-        evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, device="cuda" if ids and torch.cuda.is_available() else "cpu",
+    with torch_device_slot(snakemake.resources.get("gpu", 0)) as device:
+        evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, device=device,
                          dtype=params.dtype, decode_clock=params.decode_clock, tau_counts=params.tau_counts,
                          tie_margin=params.greedy_tie_margin, baseline_path=snakemake.input.get("baseline"),
                          tau=params.tau, reference_path=snakemake.input.get("reference"),

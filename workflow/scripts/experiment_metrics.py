@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.report import write_experiment_metrics
+from dpace.report.collect import write_experiment_metrics
 
 write_experiment_metrics(
     snakemake.params.variants,

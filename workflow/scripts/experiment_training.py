@@ -3,7 +3,7 @@ from pathlib import Path
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.report import write_experiment_training
+from dpace.report.collect import write_experiment_training
 
 write_experiment_training(
     snakemake.params.variants,

@@ -5,12 +5,11 @@ import torch
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from dpace.features import compute_features
-from dpace.gpus import gpu_slot, machine_gpu_ids
+from dpace.gpus import torch_device_slot
 
 torch.set_num_threads(snakemake.threads)
-# The target runs on one CUDA GPU when the machine has any (locked), else on the CPU (issue 43: it ran on
-# the CPU of a GPU machine before).
-with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
+# The target runs on one CUDA GPU when the machine has any (locked), else on the CPU.
+with torch_device_slot(snakemake.resources.get("gpu", 0)) as device:
     index = compute_features(
         snakemake.input.target,
         snakemake.input.conversations,
@@ -21,7 +20,7 @@ with gpu_slot(1 if int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() 
         mode=snakemake.params.mode,
         batch_size=snakemake.params.batch_size,
         dtype=snakemake.params.dtype,
-        device="cuda" if ids and torch.cuda.is_available() else "cpu",
+        device=device,
     )
 print({key: value for key, value in index.items() if key != "shards"})
 print(

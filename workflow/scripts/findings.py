@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.findings import checkout_commit, write_findings
+from dpace.report.findings import checkout_commit, write_findings
 
 found = write_findings(
     snakemake.input.claims,

@@ -4,15 +4,15 @@ import torch
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.generation import generate_responses
-from dpace.gpus import gpu_slot, machine_gpu_ids
+from dpace.gpus import torch_device_slot
+from dpace.responses.generation import generate_responses
 
 torch.set_num_threads(snakemake.threads)
 # transformers: one CUDA GPU when the machine has any (locked so that parallel jobs get different ones),
-# else the CPU; it answered on the CPU of a GPU machine before (issue 43). SGLang's engine takes its own
-# lock inside dpace.generation (a second lock here would wait for the first forever on one GPU).
+# else the CPU. SGLang's engine takes its own lock inside dpace.responses.generation (a second lock here
+# would wait for the first forever on one GPU).
 local = snakemake.params.backend != "sglang"
-with gpu_slot(1 if local and int(snakemake.resources.get("gpu", 0)) and machine_gpu_ids() else 0) as ids:
+with torch_device_slot(snakemake.resources.get("gpu", 0) if local else 0) as device:
     counts = generate_responses(
         snakemake.input.target,
         snakemake.input.prompts,
@@ -25,6 +25,6 @@ with gpu_slot(1 if local and int(snakemake.resources.get("gpu", 0)) and machine_
         dtype=snakemake.params.dtype,
         seed=snakemake.params.seed,
         scratch_path=snakemake.params.scratch,
-        device="cuda" if ids and torch.cuda.is_available() else "cpu",
+        device=device,
     )
 print(counts)

@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.conversations import import_conversations
+from dpace.responses.conversations import import_conversations
 
 counts = import_conversations(
     snakemake.params.source,

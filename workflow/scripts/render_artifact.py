@@ -2,7 +2,7 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.report import render_artifact
+from dpace.report.render import render_artifact
 
 name = snakemake.wildcards.get("table") or snakemake.wildcards.get("figure")
 inputs = snakemake.input

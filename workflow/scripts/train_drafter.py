@@ -3,7 +3,7 @@ from pathlib import Path
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.gpus import gpu_slot, machine_gpu_ids  # noqa: E402 (after the log redirect)
+from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402 (after the log redirect)
 
 params = snakemake.params
 out_dir = Path(snakemake.output.summary).parent
@@ -11,7 +11,7 @@ gpus = int(snakemake.resources.get("gpu", 0))
 mask_token_id = None if params.mask_token_id is None else int(params.mask_token_id)
 
 if params.backend == "specforge":
-    from dpace.specforge_backend import train_with_specforge
+    from dpace.training.specforge_backend import train_with_specforge
 
     with gpu_slot(gpus) as ids:
         summary = train_with_specforge(
@@ -28,19 +28,17 @@ if params.backend == "specforge":
             attention_backend=params.train["attention_backend"],
         )
 elif params.backend == "local":
-    from dpace.training import TrainConfig, train_drafter
+    from dpace.training.loop import TrainConfig, train_drafter
 
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-    with gpu_slot(1 if gpus and machine_gpu_ids() else 0) as ids:
-        import torch
-
+    with torch_device_slot(gpus) as device:
         config = TrainConfig.from_config(
             params.train,
             **params.settings,
             seed=params.seed,
             mask_token_id=mask_token_id,
             threads=snakemake.threads,
-            device="cuda" if ids and torch.cuda.is_available() else "cpu",
+            device=device,
         )
         summary = train_drafter(
             config,

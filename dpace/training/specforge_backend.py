@@ -4,7 +4,7 @@ What this module adds to SpecForge, without copying any of it:
 
 * ``algorithm_registration``: our objectives as one more SpecForge *algorithm* (strategy
   ``dpace``), built from SpecForge's DFlash registration with the training model swapped for
-  ``dpace.online_model.ObjectiveDFlashModel``. SpecForge's run schema is strict (no field for an
+  ``dpace.training.online_model.ObjectiveDFlashModel``. SpecForge's run schema is strict (no field for an
   objective name, ``k`` or a normalization), so the objective travels inside the registered
   provider: ``ObjectiveSpec`` is stored as ``dpace_objective`` in the draft-config JSON that the
   run YAML names (``model.draft_model_config``), and every process rebuilds the same registration
@@ -13,7 +13,7 @@ What this module adds to SpecForge, without copying any of it:
   captured online by SpecForge's managed SGLang capture server(s) (``deployment.mode:
   disaggregated`` with ``managed_local``, one node), from our own tokenisation (``data.prompts_path``
   = pre-tokenised ``input_ids``/``loss_mask``, exactly what the local backend trains on).
-* ``main``: ``python -m dpace.specforge_backend train --config run.yaml`` is ``specforge train``
+* ``main``: ``python -m dpace.training.specforge_backend train --config run.yaml`` is ``specforge train``
   with the registry above. The stock ``specforge`` executable cannot train a non-builtin algorithm
   (``specforge.cli.main`` resolves the strategy in ``builtin_algorithm_registry()`` and re-executes
   ``-m specforge.cli`` for torchrun workers), so this entry point calls SpecForge's own launch
@@ -58,7 +58,7 @@ from pathlib import Path
 import yaml
 
 from dpace.io import atomic_file, atomic_folder, atomic_write_text
-from dpace.training_records import run_summary, step_row, write_records
+from dpace.training.training_records import run_summary, step_row, write_records
 
 ALGORITHM_NAME = "dpace"
 OBJECTIVE_KEY = "dpace_objective"
@@ -78,7 +78,7 @@ class ObjectiveSpec:
     normalization: str | None = None
 
     def resolved(self, block_size: int) -> ObjectiveSpec:
-        from dpace.objectives import canonical_objective, resolve_hparams, resolve_normalization
+        from dpace.training.objectives import canonical_objective, resolve_hparams, resolve_normalization
 
         objective = canonical_objective(self.objective)
         hparams = resolve_hparams(objective, block_size, **self.hparams)
@@ -94,7 +94,7 @@ class ObjectiveSpec:
 
     @property
     def needs_target_logits(self) -> bool:
-        from dpace.objectives import objective_record
+        from dpace.training.objectives import objective_record
 
         return objective_record(self.objective).needs_target_logits
 
@@ -115,7 +115,7 @@ def algorithm_registration(spec: ObjectiveSpec):
     def build_training_model(config, draft_model, draft_config, target_config, tokenizer):
         from specforge.algorithms.model_providers import _build_dflash_family_model
 
-        from dpace.online_model import ObjectiveDFlashModel
+        from dpace.training.online_model import ObjectiveDFlashModel
 
         resolved = spec.resolved(int(draft_model.block_size))
 
@@ -206,7 +206,7 @@ def objective_of_run(config_path: str | Path) -> ObjectiveSpec:
         draft_path = draft_path / "config.json"
     data = json.loads(draft_path.read_text())
     if OBJECTIVE_KEY not in data:
-        raise ValueError(f"{draft_path} has no {OBJECTIVE_KEY!r} block (written by dpace.specforge_backend)")
+        raise ValueError(f"{draft_path} has no {OBJECTIVE_KEY!r} block (written by dpace.training.specforge_backend)")
     return ObjectiveSpec.from_dict(data[OBJECTIVE_KEY])
 
 
@@ -416,7 +416,7 @@ def accepted_prompts(prompts_path: str | Path, max_length: int) -> int:
 def write_draft_config(path: str | Path, target_config, *, depth: int, block_size: int, layer_ids: list[int],
                        mask_token_id: int, spec: ObjectiveSpec) -> Path:
     """The drafter's HF config (as the local backend builds it) plus the ``dpace_objective`` block."""
-    from dpace.drafter import drafter_config
+    from dpace.training.drafter import drafter_config
 
     config = drafter_config(target_config, depth=depth, block_size=block_size, target_layer_ids=layer_ids,
                             mask_token_id=mask_token_id)
@@ -437,7 +437,7 @@ def cli_prefix() -> list[str]:
     """How to invoke this entry point (``DPACE_SPECFORGE_CLI`` replaces it, e.g. in tests)."""
     if os.environ.get("DPACE_SPECFORGE_CLI"):
         return shlex.split(os.environ["DPACE_SPECFORGE_CLI"])
-    return [sys.executable, "-m", "dpace.specforge_backend"]
+    return [sys.executable, "-m", "dpace.training.specforge_backend"]
 
 
 def _train_main(args) -> int:
@@ -448,7 +448,7 @@ def _train_main(args) -> int:
 
     cfg = load_config(args.config, args.overrides)
     resolved = resolve_run(cfg, registry(objective_of_run(args.config)))
-    worker = (sys.executable, "-m", "dpace.specforge_backend")
+    worker = (sys.executable, "-m", "dpace.training.specforge_backend")
     plan = build_launch_plan(
         resolved.config, algorithm=resolved.algorithm, config_path=args.config, overrides=args.overrides,
         requested_role=args.role, node_rank=args.node_rank, worker_prefix=worker,
@@ -480,7 +480,7 @@ def main(argv: list[str] | None = None) -> int:
         from specforge.cli import main as specforge_main
 
         return specforge_main(argv)
-    parser = argparse.ArgumentParser(prog="python -m dpace.specforge_backend train",
+    parser = argparse.ArgumentParser(prog="python -m dpace.training.specforge_backend train",
                                      description="specforge train, with the dpace objectives registered")
     parser.add_argument("-c", "--config", required=True)
     parser.add_argument("--role", choices=("auto", "all", "producer", "consumer", "both"), default="auto")

@@ -8,7 +8,7 @@ autoregressively on its own (after one short warm-up). Every turn of a prompt is
 * acceptance histogram = fraction of all verification steps that emitted 0, 1, ..., B tokens.
 
 Two choices follow DFlash's benchmark by default and are named settings (``TAU_COUNTS``,
-``dpace.decoding.DECODE_CLOCKS``) because dflash 0.1.0 on PyPI changed both: what a step's length is
+``dpace.evaluation.decoding.DECODE_CLOCKS``) because dflash 0.1.0 on PyPI changed both: what a step's length is
 when a stop token ends the output inside it, and whether the first draft call is decode time.
 
 MT-Bench style rows have several turns: each turn is appended after the model's own (speculative)
@@ -24,7 +24,7 @@ baseline file each evaluation times the target itself, prompt by prompt, in the 
 
 With ``tau="replay"`` (``eval.tau``, the default) tau comes from every prompt without decoding it:
 the target's answers and features (``measure_baseline``, once per target) are replayed by each drafter
-(``dpace.replay``), and only the first ``decoded_prompts`` prompts of each benchmark are decoded for
+(``dpace.evaluation.replay``), and only the first ``decoded_prompts`` prompts of each benchmark are decoded for
 real: SR comes from them, and their steps are compared with the replayed ones, a difference beyond a
 near-tie failing the job (``ReplayMismatch``). At T > 0 hard-match samples the target keyed by
 request and position, so the decoded and the replayed answer are the same sample.
@@ -46,15 +46,14 @@ from pathlib import Path
 import torch
 from tqdm import tqdm
 
-from dpace.decoding import (
+from dpace.evaluation.decoding import (
     DECODE_CLOCKS,
     autoregressive_generate,
     compare_to_greedy,
     speculative_generate,
     surrogate,
 )
-from dpace.drafter import check_drafter_matches_target, default_target_layer_ids, load_drafter
-from dpace.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
+from dpace.evaluation.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
     BLOCK_COLUMNS,
     GREEDY_TIE_MARGIN,
     TAU_COUNTS,
@@ -66,6 +65,14 @@ from dpace.eval_records import (  # noqa: F401 (re-exported: the evaluation's pu
     select_records,
     summarize,
 )
+from dpace.evaluation.replay import (
+    batched_answers,
+    compare_replay,
+    needed_context_start,
+    reference_turn,
+    replay_turn,
+    target_features,
+)
 from dpace.io import (
     JsonlAppender,
     atomic_write_json,
@@ -75,15 +82,8 @@ from dpace.io import (
     input_checksum,
     read_partial_jsonl,
 )
-from dpace.replay import (
-    batched_answers,
-    compare_replay,
-    needed_context_start,
-    reference_turn,
-    replay_turn,
-    target_features,
-)
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids, target_checksum
+from dpace.training.drafter import check_drafter_matches_target, default_target_layer_ids, load_drafter
 
 
 def _seed_for(seed: int, *parts) -> int:
@@ -111,7 +111,7 @@ def _prompt_fingerprint(prompt_ids) -> int:
 
 
 def _sampling_key(temperature, verification, request_seed) -> int | None:
-    """Hard-match at T > 0 samples the target keyed by (request, position) (``dpace.decoding.keyed_gumbel``):
+    """Hard-match at T > 0 samples the target keyed by (request, position) (``dpace.evaluation.decoding.keyed_gumbel``):
     the speculative output then equals the autoregressive one token for token, which replay needs."""
     return request_seed if temperature > 0 and verification in ("hard-match", BASELINE) else None
 
@@ -258,7 +258,7 @@ def measure_baseline(
     after the target's own answer to the one before. Per turn: its prompt's tokens and fingerprint,
     the timing and the new tokens (the greedy reference of the lossless check at T = 0; at T > 0 the
     target's sample keyed by request and position, ``_sampling_key``), and the ``overrun`` tokens the
-    target picks after a stop token (``dpace.replay.reference_turn``): the reference answers replayed
+    target picks after a stop token (``dpace.evaluation.replay.reference_turn``): the reference answers replayed
     tau reads. Request seeds are the ones ``evaluate_drafter`` gives its in-process baseline, so both
     sample the same answers. Resumable through ``records_path`` like ``evaluate_drafter``.
 
@@ -269,7 +269,7 @@ def measure_baseline(
 
     ``timed_prompts``: only the first N prompts of each benchmark and temperature are decoded batch-1
     and timed (the ones an evaluation decodes for real, whose answers its exactness check compares
-    with); the others' answers come from ``dpace.replay.batched_answers`` in batches of
+    with); the others' answers come from ``dpace.evaluation.replay.batched_answers`` in batches of
     ``batch_size``, with ``"ar": None`` (None: every prompt timed). ``share_features=False`` writes
     ``features_path`` empty: each evaluation then computes the features itself (one target forward per
     request), for long answers of wide targets whose features would not fit on disk.
@@ -505,13 +505,13 @@ def evaluate_drafter(
     """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
 
     ``tau``: "decode" (every request decoded speculatively, as DFlash's benchmark) or "replay":
-    every request's steps are replayed over the target's answer (``dpace.replay``) from
+    every request's steps are replayed over the target's answer (``dpace.evaluation.replay``) from
     ``reference_path`` (a ``measure_baseline`` file made with an overrun; ``features_path`` its
     features, recomputed here when absent or made for other layers), and only the first
     ``decoded_prompts`` prompts of each benchmark and temperature (``sampled_decoded_prompts`` at T > 0,
     None: the same) are decoded for real: their times
     give SR, and their step lengths are compared with the replayed ones (``compare_steps``,
-    ``dpace.replay.compare_replay``). A difference that is not a near-tie fails the evaluation
+    ``dpace.evaluation.replay.compare_replay``). A difference that is not a near-tie fails the evaluation
     (``ReplayMismatch``, naming the request and answer position) after the records are written.
 
     ``baseline_path``: a ``measure_baseline`` file with the same plan, ``max_new_tokens``, seed and

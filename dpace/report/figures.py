@@ -5,7 +5,7 @@ Agg rendering), writes a PDF and a PNG preview and returns ``(pdf_path, png_path
 ``*_figure`` function returns the :class:`matplotlib.figure.Figure` itself (for tests / notebooks)
 and the ``*_data`` helpers return the numbers drawn.
 
-Columns used (see :mod:`dpace.tables` for the metrics contract):
+Columns used (see :mod:`dpace.report.tables` for the metrics contract):
 
 * ``blocks``: ``variant``, ``benchmark``, ``temperature``, ``tau_block``, ``surrogate`` (``sum_q`` and
   ``prompt_index`` are not drawn);
@@ -26,10 +26,11 @@ import pandas as pd
 from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 
-from dpace import metrics_frame, tables
 from dpace.experiments import ARTIFACTS, FIGURES
 from dpace.io import atomic_file
-from dpace.objectives import REGISTRY
+from dpace.report import metrics_frame
+from dpace.report.latex import BENCHMARK_LABELS
+from dpace.training.objectives import REGISTRY
 
 __all__ = [
     "STYLE",
@@ -61,7 +62,7 @@ STYLE: dict[str, object] = {
     "svg.fonttype": "none",
 }
 PNG_DPI = 150
-# Each objective's colour is in its record (dpace.objectives.REGISTRY).
+# Each objective's colour is in its record (dpace.training.objectives.REGISTRY).
 DFLASH_COLOR = REGISTRY["dflash"].color
 DPACE_COLOR = REGISTRY["dpace"].color
 _WEIGHT_COL = re.compile(r"^w_(\d+)$")
@@ -69,9 +70,9 @@ _WEIGHT_COL = re.compile(r"^w_(\d+)$")
 
 def objective_color(objective: str) -> str:
     """The colour of an objective's lines, from its record; one without a colour is an error naming it."""
-    record = tables.objective_record_of(objective)
+    record = metrics_frame.objective_record_of(objective)
     if not record.color:
-        raise ValueError(f"objective {objective!r} has no colour in its record (dpace.objectives.REGISTRY, field "
+        raise ValueError(f"objective {objective!r} has no colour in its record (dpace.training.objectives.REGISTRY, field "
                          "color): no figure can draw it")
     return record.color
 
@@ -170,8 +171,8 @@ def motivation_data(
 ) -> dict[str, object]:
     """Everything Figure 1 draws: the selected blocks, their bins, Spearman rho and the bars
     (``epoch`` selects both the blocks' epoch, when recorded, and the bars' epoch)."""
-    sel = tables.select_blocks(blocks, variant=variant, benchmark=benchmark, temperature=temperature, epoch=epoch)
-    rho = tables.block_correlations(sel)["surrogate"][0]
+    sel = metrics_frame.select_blocks(blocks, variant=variant, benchmark=benchmark, temperature=temperature, epoch=epoch)
+    rho = metrics_frame.block_correlations(sel)["surrogate"][0]
     return {
         "blocks": sel,
         "bins": surrogate_bins(sel, n_bins),
@@ -373,20 +374,20 @@ def tau_trajectory_figure(
     metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0
 ) -> Figure:
     """Figure 3 (c): ``benchmark`` tau at ``temperature`` over epochs for the ablation variants."""
-    traj = tables.ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)
+    traj = metrics_frame.ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)
     configs = metrics_frame.distinct_configs(traj)
     styles = ["-", "--", ":", "-."]
-    bname = tables.BENCHMARK_LABELS.get(benchmark, benchmark)
+    bname = BENCHMARK_LABELS.get(benchmark, benchmark)
     with rc_context(STYLE):
         fig = Figure(figsize=(5.0, 3.8), layout="constrained")
         ax = fig.subplots()
         for ci, cfg in enumerate(configs):
             sub = traj[metrics_frame.config_mask(traj, cfg)]
             suffix = "" if len(configs) == 1 else f" [{cfg[0]}, {int(cfg[1])}L, B={int(cfg[2])}]"
-            for obj in tables.sort_objectives(sub["objective"].unique()):
+            for obj in metrics_frame.sort_objectives(sub["objective"].unique()):
                 line = sub[sub["objective"] == obj].sort_values("epoch")
                 ax.plot(line["epoch"], line["tau"], marker="o", ms=4, lw=1.8, ls=styles[ci % len(styles)],
-                        color=objective_color(obj), label=tables.objective_record_of(obj).comparison_label() + suffix)
+                        color=objective_color(obj), label=metrics_frame.objective_record_of(obj).comparison_label() + suffix)
         ax.set_xlabel("Training epoch")
         ax.set_ylabel(f"{bname} $\\tau$ (tokens / step), $T={temperature:g}$")
         ax.set_xticks(sorted(traj["epoch"].astype(int).unique()))

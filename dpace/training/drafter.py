@@ -39,7 +39,7 @@ def drafter_config(
 
     The drafter reads the target's token embeddings and LM head, so its hidden size and
     vocabulary must equal the target's; its depth is the paper's "3L"/"5L". ``draft_vocab``
-    (``dpace.draft_vocab``) restricts the tokens it proposes; it travels in the checkpoint's config.
+    (``dpace.training.draft_vocab``) restricts the tokens it proposes; it travels in the checkpoint's config.
     ``sliding_window`` > 0 makes every layer a DFlash ``sliding_attention`` layer: a block token at
     position p sees the context positions after p - sliding_window only (and the block causally), as
     both SpecForge's trainer and the ``dflash`` decoder implement it; 0 is the paper's full attention.
@@ -102,7 +102,7 @@ def draft_output_head(config: PretrainedConfig, target_head):
     vocab = draft_vocab_of(config)
     if vocab is None:
         return target_head
-    from dpace.draft_vocab import FullVocabDraftHead
+    from dpace.training.draft_vocab import FullVocabDraftHead
 
     return FullVocabDraftHead(target_head, vocab)
 

@@ -1,19 +1,18 @@
-"""From evaluation summaries to the tidy metrics CSV, and from that CSV to the paper's tables."""
+"""From evaluation summaries and training records to the tidy CSVs the report reads (metrics, per-block
+records, comparisons, training steps and runs); ``dpace.report.render`` draws the tables and figures from them."""
 
 from __future__ import annotations
 
 import json
 import math
-from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from dpace.experiments import ARTIFACTS, REFERENCE_EXPERIMENT, eval_location, reference_drafter
-from dpace.intervals import experiment_comparisons
+from dpace.experiments import eval_location
 from dpace.io import atomic_write_text
-from dpace.metrics_frame import mean_over_seeds
-from dpace.training_records import read_steps, read_summary
+from dpace.report.intervals import experiment_comparisons
+from dpace.training.training_records import read_steps, read_summary
 
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "experiment", "objective", "depth", "block_size", "alpha", "k", "gamma",
@@ -32,7 +31,7 @@ def experiment_metrics(
     variants: list[dict], summary_paths: list[str]
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """One row per (variant, epoch, suite, benchmark, temperature), every per-block record, and the
-    paired bootstrap comparison of every drafter with the experiment's DFlash drafter (``dpace.intervals``)."""
+    paired bootstrap comparison of every drafter with the experiment's DFlash drafter (``dpace.report.intervals``)."""
     meta = {(v["target"], v["variant"]): v for v in variants}
     rows, blocks, requests = [], [], []
     for path in summary_paths:
@@ -123,72 +122,3 @@ def write_experiment_training(variants, drafter_dirs, *, steps_csv, runs_csv) ->
     steps, runs = training_frames(variants, list(drafter_dirs))
     atomic_write_text(steps_csv, steps.to_csv(index=False))
     atomic_write_text(runs_csv, runs.to_csv(index=False))
-
-
-def read_metrics(paths) -> pd.DataFrame:
-    """Concatenate experiment metrics CSVs. One evaluation may appear under several experiments (variants are
-    shared), so rows are kept per experiment: every table selects its experiments explicitly."""
-    frames = [pd.read_csv(path) for path in paths]
-    return pd.concat(frames, ignore_index=True).drop_duplicates()
-
-
-@dataclass
-class ArtifactInputs:
-    """What one artifact reads (its registry entry says which: ``dpace.experiments.ARTIFACTS``): the
-    experiments' metrics (seeds averaged) and comparisons, Table 1's per-block and training records."""
-
-    metrics: pd.DataFrame | None
-    comparisons: pd.DataFrame | None
-    blocks: str | Path | None
-    train_steps: str | Path | None
-    train_runs: str | Path | None
-
-    def reference(self, objective: str) -> str:
-        """The id of Table 1's reference drafter of ``objective`` (``dpace.experiments.reference_drafter``)."""
-        rows = self.metrics[self.metrics["experiment"] == REFERENCE_EXPERIMENT]
-        return reference_drafter(rows.to_dict("records"), objective)["variant"]
-
-
-def _renderers() -> dict:
-    """Every artifact's renderer: a table's returns its LaTeX, a figure's writes its PDF and PNG."""
-    from dpace import figures, tables
-
-    def table(function):  # the tables that read their experiments' metrics only
-        return lambda inputs, out, out_png: function(inputs.metrics)
-
-    return {
-        "table_main": lambda inputs, out, out_png: tables.table_main(inputs.metrics, comparisons=inputs.comparisons),
-        "table_cross_model": table(tables.table_cross_model),
-        "table_ablation": table(tables.table_ablation),
-        "table_block_size": table(tables.table_block_size),
-        "table_smoothing": table(tables.table_smoothing),
-        "table_target_prob": table(tables.table_target_prob),
-        "table_training_time": lambda inputs, out, out_png: tables.table_training_time(
-            pd.read_csv(inputs.train_runs), metrics=inputs.metrics),
-        "table_correlation": lambda inputs, out, out_png: tables.table_correlation(
-            pd.read_csv(inputs.blocks), variant=inputs.reference("dflash")),
-        "table_objectives_extra": table(tables.table_objectives_extra),
-        "table_normalization": table(tables.table_normalization),
-        "fig_motivation": lambda inputs, out, out_png: figures.fig_motivation(
-            pd.read_csv(inputs.blocks), inputs.metrics, out, out_png, variant=inputs.reference("dflash")),
-        "fig_weight_dynamics": lambda inputs, out, out_png: figures.fig_weight_dynamics(
-            pd.read_csv(inputs.train_steps), out, out_png,
-            dpace_variant=inputs.reference("dpace"), dflash_variant=inputs.reference("dflash")),
-        "fig_tau_trajectory": lambda inputs, out, out_png: figures.fig_tau_trajectory(inputs.metrics, out, out_png),
-    }
-
-
-def render_artifact(
-    name: str, *, metrics=(), comparisons=(), blocks=None, train_steps=None, train_runs=None, out, out_png=None
-) -> None:
-    """Render one table (LaTeX) or figure (PDF + PNG) of the paper from the tidy CSVs."""
-    if name not in ARTIFACTS:
-        raise ValueError(f"unknown artifact {name!r}; valid: {', '.join(ARTIFACTS)}")
-    inputs = ArtifactInputs(
-        metrics=mean_over_seeds(read_metrics(metrics)) if metrics else None,
-        comparisons=read_metrics(comparisons) if comparisons else None,
-        blocks=blocks, train_steps=train_steps, train_runs=train_runs,
-    )
-    text = _renderers()[name](inputs, out, out_png)
-    if ARTIFACTS[name].kind == "table":
-        atomic_write_text(out, text)

@@ -43,7 +43,7 @@ def _prompt_sums(requests: Sequence[dict], prompt_ids: Sequence[str]) -> np.ndar
     """Per prompt: [requests with a tau, sum of tau, sum of AR tpot, sum of speculative tpot].
 
     SR is a ratio of mean times over the same requests, so sums suffice; a request without emitted
-    blocks (tau None) still counts in the times, as in ``dpace.evaluation.summarize``.
+    blocks (tau None) still counts in the times, as in ``dpace.evaluation.evaluate.summarize``.
     """
     index = {prompt_id: i for i, prompt_id in enumerate(prompt_ids)}
     sums = np.zeros((len(prompt_ids), 4))
@@ -404,7 +404,7 @@ def compare_summaries(summary_path, reference_path, *, resamples: int = 2000, se
 
 def main(argv: Sequence[str] | None = None) -> pd.DataFrame:
     parser = argparse.ArgumentParser(
-        prog="python -m dpace.intervals",
+        prog="python -m dpace.report.intervals",
         description="Paired bootstrap of tau and SR: drafter A's evaluation summary.json against drafter B's.",
     )
     parser.add_argument("summary", help="drafter A: results/eval/<target>/<variant>/epoch-<e>/<suite>/summary.json")

@@ -1,6 +1,6 @@
 """SGLang backends: DFlash speculative decoding served by SGLang, measured over HTTP.
 
-``evaluate_sglang`` is the GPU counterpart of ``dpace.evaluation.evaluate_drafter`` and writes the
+``evaluate_sglang`` is the GPU counterpart of ``dpace.evaluation.evaluate.evaluate_drafter`` and writes the
 same ``summary.json`` / ``blocks.csv`` schema:
 
 1. a loopback SGLang server with the trained drafter (``--speculative-algorithm DFLASH
@@ -45,7 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
-from dpace.eval_records import (
+from dpace.evaluation.eval_records import (
     BLOCK_COLUMNS,
     WARMUP_TOKENS,
     evaluation_plan,
@@ -54,18 +54,8 @@ from dpace.eval_records import (
     select_records,
     summarize,
 )
+from dpace.gpus import INSTALL_HINT
 from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, current_records, input_checksum
-
-INSTALL_HINT = "SGLang is the GPU-only optional extra: pip install -e .[gpu] (on a CUDA machine)"
-
-
-def require_sglang():
-    """``import sglang``, or a clear error saying how to get it."""
-    try:
-        import sglang
-    except ImportError as error:
-        raise RuntimeError(f"this backend needs SGLang, which is not installed ({error}). {INSTALL_HINT}") from None
-    return sglang
 
 
 def free_port() -> int:
@@ -261,7 +251,7 @@ def drafter_block_size(drafter_dir: str | Path) -> int:
 
 
 def summarize_sglang(records: list[dict]) -> list[dict]:
-    """``dpace.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
+    """``dpace.evaluation.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
     rows = summarize(records, request_tau=lambda turn: turn.get("spec_accept_length"))
     for row in rows:
         turns = [t for r in records if (r["benchmark"], r["temperature"], r["verification"])
@@ -278,7 +268,7 @@ def evaluate_sglang(
     startup_timeout_s: float = 1800.0, sampled_prompts: int | None = None,
 ) -> list[dict]:
     """Evaluate a drafter with SGLang's DFLASH speculative decoding; the arguments and outputs of
-    ``dpace.evaluation.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
+    ``dpace.evaluation.evaluate.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
     from dpace.targets import chat_prompt_ids, load_tokenizer, model_location, stop_token_ids, target_checksum
 
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
@@ -369,6 +359,6 @@ def evaluate_sglang(
 
 
 __all__ = [
-    "INSTALL_HINT", "Server", "drafter_block_size", "evaluate_sglang", "free_port", "require_sglang",
+    "Server", "drafter_block_size", "evaluate_sglang", "free_port",
     "server_command", "sglang_server", "summarize_sglang",
 ]

@@ -50,8 +50,8 @@ import torch
 from torch.nn import functional as F
 from transformers import DynamicCache
 
-from dpace.drafter import draft_output_head
 from dpace.gpus import device_clock
+from dpace.training.drafter import draft_output_head
 
 VERIFICATIONS = ("hard-match", "rejection")
 # Where the decode-time clock starts (the prefill is never in it):
@@ -297,7 +297,7 @@ def speculative_generate(
     ``decode_clock``: one of ``DECODE_CLOCKS``; the default is DFlash's benchmark.
     ``sampling_key`` (hard-match at T > 0): the target's picks use Gumbel noise keyed by this and the
     absolute position (``keyed_gumbel``), so the output equals ``autoregressive_generate`` with the same
-    key token for token, whatever the drafter: it is what ``dpace.replay`` replays.
+    key token for token, whatever the drafter: it is what ``dpace.evaluation.replay`` replays.
     """
     _check_args(max_new_tokens, temperature, verification, decode_clock)
     if sampling_key is not None and verification != "hard-match":

@@ -20,7 +20,7 @@ class TrainConfig:
 
     objective: str
     objective_hparams: dict = field(default_factory=dict)  # alpha / gamma / k, of this objective only
-    normalization: str | None = None  # None: as the released code (see dpace.objectives)
+    normalization: str | None = None  # None: as the released code (see dpace.training.objectives)
     depth: int
     block_size: int
     mask_token: str  # an unused special token fills the block's masked slots
@@ -44,18 +44,18 @@ class TrainConfig:
     precision: str  # fp32 | bf16 | auto (bf16 where the device computes it natively: resolve_precision)
     attention_backend: str  # sdpa | flex_attention
     # "random" as the paper; "target" starts the layers from the target's top layers (a named
-    # deviation for short CPU runs, applied to every objective alike: dpace.drafter.initialise_from_target).
+    # deviation for short CPU runs, applied to every objective alike: dpace.training.drafter.initialise_from_target).
     drafter_init: str
     # 0: the drafter proposes from the target's whole vocabulary (the paper). N > 0: from the N tokens
     # most frequent in the training responses only, a named deviation that makes a CPU step ~4x
-    # cheaper (dpace.draft_vocab); applied to every objective alike.
+    # cheaper (dpace.training.draft_vocab); applied to every objective alike.
     draft_vocab_size: int
     # 0: every drafter layer attends to the whole context (the paper). W > 0: to the last W positions only
-    # (DFlash's sliding_attention layers), a named deviation (dpace.drafter.drafter_config).
+    # (DFlash's sliding_attention layers), a named deviation (dpace.training.drafter.drafter_config).
     sliding_window: int
     # "none": the drafter's fc reads the target's raw hidden states (the paper). "rms": it trains on each
     # feature dimension divided by its RMS over the answers, and saves fc with the scale folded in, so the
-    # checkpoint decodes from raw states (a named deviation: dpace.drafter.with_raw_feature_input).
+    # checkpoint decodes from raw states (a named deviation: dpace.training.drafter.with_raw_feature_input).
     feature_scaling: str
 
     @classmethod

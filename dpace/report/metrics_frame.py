@@ -1,6 +1,8 @@
-"""Selecting rows of the tidy metrics frame: the helpers shared by ``dpace.tables`` and
-``dpace.figures`` (required columns, final epoch, one temperature, configurations, averages over
-benchmarks). Pure pandas; nothing here formats LaTeX or draws.
+"""Selecting rows of the tidy metrics frame: the helpers shared by ``dpace.report.tables`` and
+``dpace.report.figures`` (required columns, final epoch, one temperature, configurations, averages over
+benchmarks, objectives in their records' row order, runs borrowed from another experiment, the ablation's
+tau trajectories, one drafter's per-block records and their rank correlations). Nothing here formats
+LaTeX (``dpace.report.latex``) or draws.
 """
 
 from __future__ import annotations
@@ -10,8 +12,10 @@ from collections.abc import Iterable, Sequence
 
 import numpy as np
 import pandas as pd
+from scipy import stats
 
 from dpace.data import BENCHMARKS as BENCHMARK_LOADERS
+from dpace.training.objectives import REGISTRY, Objective
 
 # The benchmarks in the paper's column order: dpace.data's, which loads each (the schema's enum names the same).
 BENCHMARKS: tuple[str, ...] = tuple(BENCHMARK_LOADERS)
@@ -31,6 +35,7 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "tau",
     "speedup",
 )
+BLOCK_COLUMNS: tuple[str, ...] = ("variant", "benchmark", "temperature", "tau_block", "sum_q", "surrogate")
 
 
 def is_finite(x: object) -> bool:
@@ -157,3 +162,140 @@ def mean_over_seeds(metrics: pd.DataFrame) -> pd.DataFrame:
     out = out.reset_index()
     out.insert(out.columns.get_loc("method"), "variant", out["method"])
     return out[[c for c in metrics.columns if c != "training_seed"] + ["num_seeds"]]
+
+
+def objective_record_of(objective: str) -> Objective:
+    """The registry record of an objective a table or figure is about to show; one without a record is an
+    error naming it (a table never drops its row)."""
+    if objective not in REGISTRY:
+        raise ValueError(f"objective {objective!r} has no record in dpace.training.objectives.REGISTRY: no table or figure "
+                         f"can order, label or describe it (records: {', '.join(REGISTRY)})")
+    return REGISTRY[objective]
+
+
+def experiment_rows(df: pd.DataFrame, experiment: str) -> pd.DataFrame:
+    rows = df[df["experiment"] == experiment]
+    if rows.empty:
+        experiments = sorted(map(str, df["experiment"].dropna().unique()))
+        raise ValueError(f"metrics has no rows for experiment {experiment!r} (experiments present: {experiments})")
+    return rows
+
+
+def complete_rows(
+    df: pd.DataFrame,
+    experiment: str,
+    *,
+    objectives: Iterable[str] | None = None,
+    borrow: Iterable[str] = (),
+    config_cols: Sequence[str] = CONFIG,
+    key_cols: Sequence[str] = ("objective",),
+    sources: Sequence[str] = ("main",),
+) -> pd.DataFrame:
+    """Rows of ``experiment`` (restricted to ``objectives``), plus runs of the ``borrow`` objectives that
+    the experiment lacks for one of its configurations, taken from the ``sources`` experiments in order.
+
+    A run is identified by ``config_cols + key_cols``; the experiment's own runs always win.
+    """
+    own = experiment_rows(df, experiment)
+    configs = own[list(config_cols)].drop_duplicates()
+    if objectives is not None:
+        own = own[own["objective"].isin(list(objectives))]
+    ident = [*config_cols, *key_cols]
+    have = set(map(tuple, own[ident].drop_duplicates().itertuples(index=False)))
+    parts = [own]
+    borrow = list(borrow)
+    for src in sources:
+        if src == experiment or not borrow:
+            continue
+        cand = df[(df["experiment"] == src) & df["objective"].isin(borrow)]
+        if cand.empty:
+            continue
+        cand = cand.merge(configs, on=list(config_cols), how="inner")
+        keys = list(map(tuple, cand[ident].itertuples(index=False)))
+        cand = cand[[k not in have for k in keys]]
+        if cand.empty:
+            continue
+        n_variants = cand.groupby(ident, dropna=False)["variant"].nunique()
+        if (n_variants > 1).any():
+            bad = n_variants[n_variants > 1].index.tolist()
+            raise ValueError(f"cannot borrow runs from experiment {src!r} for {experiment!r}: ambiguous {ident}={bad}")
+        have |= set(map(tuple, cand[ident].drop_duplicates().itertuples(index=False)))
+        parts.append(cand)
+    return pd.concat(parts, ignore_index=True)
+
+
+def objective_rank(objective: str) -> int:
+    return objective_record_of(objective).table_rank
+
+
+def sort_objectives(objectives: Iterable[str]) -> list[str]:
+    """Distinct objectives in row order: their records' ``table_rank`` (an objective without a record raises)."""
+    return sorted(dict.fromkeys(objectives), key=lambda o: (objective_rank(o), o))
+
+
+def k_of(df: pd.DataFrame, objective: str) -> object:
+    if "k" not in df.columns:
+        return None
+    ks = df.loc[df["objective"] == objective, "k"].dropna().unique()
+    return ks[0] if len(ks) == 1 else None
+
+
+def ablation_trajectories(
+    metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0
+) -> pd.DataFrame:
+    """Long frame (config, objective, epoch, tau) of the ablation runs on ``benchmark`` at
+    ``temperature`` (experiment ``ablation``, every objective it trained; DFlash / D-PACE borrowed from
+    ``main`` if absent)."""
+    df = prepared_metrics(metrics)
+    rows = complete_rows(df, "ablation", borrow=("dflash", "dpace"))
+    what = "experiment 'ablation'"
+    rows = rows[rows["benchmark"] == benchmark]
+    if rows.empty:
+        raise ValueError(f"{what}: no rows for benchmark {benchmark!r}")
+    rows = rows_at_temperature(rows, temperature, what)
+    check_unique(rows, [*CONFIG, "objective", "epoch"], what)
+    return rows[[*CONFIG, "target_label", "objective", "epoch", "tau"]].sort_values(
+        [*CONFIG, "objective", "epoch"], ignore_index=True
+    )
+
+
+def select_blocks(
+    blocks: pd.DataFrame,
+    *,
+    variant: str | None = None,
+    benchmark: str | None = "math500",
+    temperature: float | None = 0.0,
+    epoch: int | None = None,
+) -> pd.DataFrame:
+    """Per-block records of one variant on ``benchmark`` at ``temperature`` (None: no filter).
+
+    When ``blocks`` has an ``epoch`` column, only ``epoch`` (default: the latest one) is kept.
+    """
+    require_columns(blocks, BLOCK_COLUMNS, "blocks")
+    rows = blocks
+    if benchmark is not None:
+        rows = rows[rows["benchmark"] == benchmark]
+    if temperature is not None:
+        rows = rows[np.isclose(rows["temperature"].astype(float), float(temperature))]
+    if variant is not None:
+        rows = rows[rows["variant"] == variant]
+    elif rows["variant"].nunique() > 1:
+        raise ValueError(f"blocks holds several variants {sorted(rows['variant'].unique())}; pass variant=")
+    if "epoch" in rows.columns and len(rows):
+        rows = rows[rows["epoch"] == (rows["epoch"].max() if epoch is None else epoch)]
+    rows = rows.dropna(subset=["tau_block", "sum_q", "surrogate"])
+    if len(rows) < 3:
+        raise ValueError(
+            f"blocks: {len(rows)} usable block(s) for variant={variant!r}, benchmark={benchmark!r}, "
+            f"temperature={temperature!r}; need at least 3"
+        )
+    return rows
+
+
+def block_correlations(blocks: pd.DataFrame) -> dict[str, tuple[float, float]]:
+    """Spearman (rho, p) of ``sum_q`` and of ``surrogate`` with ``tau_block``."""
+    out = {}
+    for col in ("sum_q", "surrogate"):
+        res = stats.spearmanr(blocks[col].astype(float), blocks["tau_block"].astype(float))
+        out[col] = (float(res.statistic), float(res.pvalue))
+    return out

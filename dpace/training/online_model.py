@@ -1,10 +1,10 @@
-"""Any ``dpace.objectives`` objective inside SpecForge's own DFlash training wrapper.
+"""Any ``dpace.training.objectives`` objective inside SpecForge's own DFlash training wrapper.
 
 ``ObjectiveDFlashModel`` subclasses SpecForge's ``OnlineDFlashModel`` and keeps everything
 that defines DFlash training (anchor sampling, noise embedding, block attention mask,
 same-position labels: block position k predicts token anchor+k, position 0 is the clean
 anchor) and replaces only the per-chunk objective, ``_dflash_objective_chunk_terms``, by
-``dpace.objectives.objective_terms``. The chunk terms are additive, so SpecForge's
+``dpace.training.objectives.objective_terms``. The chunk terms are additive, so SpecForge's
 ``checkpointed_chunk_reduce`` still bounds the memory of the [blocks, B, V] logits.
 """
 
@@ -18,8 +18,8 @@ from specforge.algorithms.common.dflash_family_model import (
 from specforge.core.chunking import checkpointed_chunk_reduce
 from torch import Tensor, nn
 
-from dpace.draft_vocab import DraftVocabHead
-from dpace.objectives import (
+from dpace.training.draft_vocab import DraftVocabHead
+from dpace.training.objectives import (
     ObjectiveTerms,
     canonical_objective,
     normalize_terms,
@@ -31,12 +31,12 @@ from dpace.objectives import (
 
 
 class ObjectiveDFlashModel(OnlineDFlashModel):
-    """SpecForge DFlash training wrapper whose loss is any objective of ``dpace.objectives``.
+    """SpecForge DFlash training wrapper whose loss is any objective of ``dpace.training.objectives``.
 
     ``objective_hparams`` are the objective's hyper-parameters (``gamma`` for dflash,
     ``alpha`` for the D-PACE family and dpakl, ``k`` for topk-prefix), validated and
     defaulted once here by ``resolve_hparams``. ``draft_vocab`` (target token ids) scores the
-    draft vocabulary only (``dpace.draft_vocab``): block positions whose target token lies outside
+    draft vocabulary only (``dpace.training.draft_vocab``): block positions whose target token lies outside
     it are unsupervised, and objectives that read the target's distribution see it restricted to it.
     """
 

@@ -13,9 +13,9 @@ paper's number, how it is measured (``measure``) and the region of the measured 
 Measures (``measure.kind``):
 
 * ``comparison`` -- rows of ``metrics/<experiment>_comparisons.csv`` (a drafter against the experiment's
-  DFlash drafter, paired bootstrap of ``dpace.intervals``), one finding per matching cell;
+  DFlash drafter, paired bootstrap of ``dpace.report.intervals``), one finding per matching cell;
 * ``contrast`` -- a weighted sum of several drafters' tau or SR from their evaluations' per-request
-  records, with the same paired bootstrap (``dpace.intervals.paired_contrast``): orderings between two
+  records, with the same paired bootstrap (``dpace.report.intervals.paired_contrast``): orderings between two
   non-reference drafters, or a difference of differences;
 * ``correlation_gap`` -- Table 8: Spearman rho of S~ minus rho of sum q with per-block tau, prompts resampled;
 * ``step_time`` -- Table 7: D-PACE's time per optimizer step relative to DFlash's, steps resampled;
@@ -39,8 +39,8 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from dpace.intervals import paired_contrast
 from dpace.io import atomic_write_text
+from dpace.report.intervals import paired_contrast
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "reproduced", "contradicted", "inconclusive", "not run"
 VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)

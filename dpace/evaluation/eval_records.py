@@ -166,7 +166,7 @@ def summarize(
             "greedy_failures": None if divergences is None else sum(d["verdict"] == "failure" for d in divergences),
             "tau_counts": tau_counts,
             "acceptance_histogram": histogram,
-            # Per request, for paired bootstrap intervals between drafters (dpace.intervals).
+            # Per request, for paired bootstrap intervals between drafters (dpace.report.intervals).
             "requests": [
                 {"id": record["id"], "turn": turn["turn"],
                  "tau": request_tau(turn),
@@ -179,7 +179,7 @@ def summarize(
 
 
 def _replay_check(cell: list[dict]) -> dict | None:
-    """Counts of the exactness check of replayed tau (``dpace.replay.compare_replay``) over a cell's
+    """Counts of the exactness check of replayed tau (``dpace.evaluation.replay.compare_replay``) over a cell's
     decoded requests, with every failure named; None when no request was replayed and decoded."""
     checks = [(record, turn) for record in cell for turn in record["turns"] if turn.get("replay_check")]
     if not checks:

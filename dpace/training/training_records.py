@@ -1,5 +1,5 @@
-"""A drafter folder's training records, written alike by both training backends (``dpace.training``,
-the local loop, and ``dpace.specforge_backend``) and read by ``dpace.report``:
+"""A drafter folder's training records, written alike by both training backends (``dpace.training.loop``,
+the local loop, and ``dpace.training.specforge_backend``) and read by ``dpace.report.collect``:
 
 * ``steps.jsonl`` -- one row per optimizer step (0-based ``global_step``, 1-based ``epoch``,
   0-based ``step`` within the epoch, ``progress`` and ``epoch_progress`` in (0, 1], ``loss``,

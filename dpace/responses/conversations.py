@@ -3,7 +3,7 @@
 The DFlash authors released Qwen3-4B's own answers to 100k prompts (``z-lab/qwen3-4b-instruct-100k``,
 thinking off); the paper trains its Qwen3-4B drafters on them and regenerates ShareGPT for the
 other targets. ``import_conversations`` turns such a data set, from the hub or a local jsonl /
-json / parquet file, into the same conversations jsonl that ``dpace.generation`` writes:
+json / parquet file, into the same conversations jsonl that ``dpace.responses.generation`` writes:
 ``{"id", "conversations": [user, assistant]}``.
 """
 
