@@ -97,3 +97,15 @@ def train_steps():
     import pandas as pd
 
     return pd.read_csv(FIXTURE_DATA / "train_steps.csv")
+
+
+@pytest.fixture(scope="module")
+def one_torch_thread():
+    """One torch thread for a module of tiny models: they gain nothing from threads, and on a shared
+    2-core machine extra threads only add jitter (modules opt in with ``pytest.mark.usefixtures``)."""
+    import torch
+
+    threads = torch.get_num_threads()
+    torch.set_num_threads(1)
+    yield
+    torch.set_num_threads(threads)

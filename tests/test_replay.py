@@ -35,12 +35,8 @@ BLOCK = 4
 PROMPTS = ["What is 2 + 3?", "Write a haiku.", "Name a color please."]
 
 
-@pytest.fixture(scope="module", autouse=True)
-def one_thread():
-    threads = torch.get_num_threads()
-    torch.set_num_threads(1)
-    yield
-    torch.set_num_threads(threads)
+# Tiny models gain nothing from threads (tests/conftest.py).
+pytestmark = pytest.mark.usefixtures("one_torch_thread")
 
 
 def references(target, tokenizer, drafter, temperature):
