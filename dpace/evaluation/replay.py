@@ -189,7 +189,8 @@ def draft_blocks(drafter, target, features: torch.Tensor, feature_start: int, se
         anchors = num_input + torch.arange(first, min(first + anchors_per_pass, num_anchors), device=device)
         logits, targets, verify = block_logits(drafter, target, features, feature_start, sequence, anchors,
                                                num_input, max_new_tokens, head=head)
-        top2 = torch.topk(logits, 2, dim=-1)
+        # A draft vocabulary of one token (answers that repeat one token) has no runner-up: margin +inf.
+        top2 = torch.topk(logits, min(2, logits.shape[-1]), dim=-1)
         in_block = torch.arange(1, logits.shape[1] + 1, device=device)[None] < verify[:, None]
         drafts, column, in_vocab = top2.indices[..., 0], targets.clamp(min=0), targets >= 0
         if vocab_ids is not None:  # logits over the draft vocabulary: back to token ids
@@ -200,7 +201,8 @@ def draft_blocks(drafter, target, features: torch.Tensor, feature_start: int, se
         results["targets"].append(targets)
         results["matches"].append((drafts == targets) & in_block)
         results["q"].append(torch.where(targets >= 0, q, torch.nan))
-        results["margins"].append(top2.values[..., 0] - top2.values[..., 1])
+        results["margins"].append(top2.values[..., 0] - top2.values[..., 1] if logits.shape[-1] > 1
+                                  else torch.full_like(top2.values[..., 0], torch.inf))
         results["verify"].append(verify)
     return {name: torch.cat(parts) for name, parts in results.items()}
 
