@@ -19,12 +19,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpace.training.objectives import REGISTRY
-
-
-def label(objective: str) -> str:
-    record = REGISTRY.get(objective)
-    return objective if record is None else record.label.replace("{k}", "3").replace("$", "")
+from dpace.report.latex import objective_label
+from dpace.report.metrics_frame import k_of, sort_objectives
 
 
 def interval_text(row: pd.Series) -> str:
@@ -42,25 +38,25 @@ def seed_split(row: pd.Series) -> str:
     return f"{100 * share:.0f}% seeds ({int(row['num_seeds'])} seeds, {row['seed_pairing']})"
 
 
-def table(comparisons: pd.DataFrame, temperature: float) -> str:
+def table(comparisons: pd.DataFrame, temperature: float, metrics: pd.DataFrame | None = None) -> str:
     """The average over benchmarks, as ``experiment_comparisons`` computed it: each row's ``value`` and its
-    DFlash drafter's ``reference_value``, at the final epoch."""
+    DFlash drafter's ``reference_value``, at the final epoch; labelled and ordered as the tables do (``k``
+    from ``metrics``, where given)."""
     cells = comparisons[(comparisons["benchmark"] == "avg") & (comparisons["temperature"] == temperature)]
     cells = cells[cells["epoch"] == cells["epoch"].max()]
     has_seeds = "num_seeds" in cells and (cells["num_seeds"].fillna(1) > 1).any()
     header = "| method | tau | tau - DFlash [95% CI] | half-width | SR | SR - DFlash [95% CI] |"
     header += " seeds' share of the variance |" if has_seeds else ""
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    reference = cells.iloc[0]
-    reference_sr = cells[cells["metric"] == "speedup"].iloc[0]["reference_value"]
-    lines.append("| " + " | ".join(["DFlash", f"{reference['reference_value']:.3f}", "", "", f"{reference_sr:.2f}", ""]
+    reference_tau, reference_sr = (cells[cells["metric"] == metric].iloc[0]["reference_value"] for metric in ("tau", "speedup"))
+    lines.append("| " + " | ".join([objective_label("dflash"), f"{reference_tau:.3f}", "", "", f"{reference_sr:.2f}", ""]
                                    + ([""] if has_seeds else [])) + " |")
-    order = sorted(cells["objective"].unique(), key=lambda o: (REGISTRY[o].table_rank if o in REGISTRY else 99, o))
-    for objective in order:
+    for objective in sort_objectives(cells["objective"]):
         compared = cells[cells["objective"] == objective]
         t = compared[compared["metric"] == "tau"].iloc[0]
         s = compared[compared["metric"] == "speedup"].iloc[0]
-        cols = [label(objective), f"{t['value']:.3f}", interval_text(t), f"{(t['ci_high'] - t['ci_low']) / 2:.3f}",
+        k = None if metrics is None else k_of(metrics, objective)
+        cols = [objective_label(objective, k), f"{t['value']:.3f}", interval_text(t), f"{(t['ci_high'] - t['ci_low']) / 2:.3f}",
                 f"{s['value']:.2f}",
                 interval_text(s) if math.isfinite(s["ci_low"]) else f"{s['difference']:+.3f} (no interval)"]
         if has_seeds:
@@ -95,7 +91,7 @@ def main() -> None:
         per_drafter = prompts.groupby("variant")[["num_prompts", "num_timed_requests"]].sum().max()
         print(f"\nT = {temperature:g}: tau over {int(per_drafter['num_prompts'])} prompts per drafter, SR over "
               f"{int(per_drafter['num_timed_requests'])} decoded requests:\n")
-        print(table(comparisons, temperature))
+        print(table(comparisons, temperature, metrics))
     print("\nExactness of the replayed tau (all drafters): " + replay_check(metrics))
 
 
