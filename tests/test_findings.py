@@ -292,3 +292,248 @@ def test_the_recipe_for_adding_a_claim_works_as_written(tmp_path):
     assert [f.verdict for f in broken] == [REPRODUCED, CONTRADICTED, INCONCLUSIVE]
     page = findings.scorecard(broken, config_name="config.yaml", commit="abc1234")
     assert f"`{claim['id']}`: {claim['claim']}" in page and "**1** contradicted" in page
+
+
+# --- issue 49: units, one verdict per claim, scope, seeds, scale, latent defects ---------------------------
+
+def test_tau_gains_convert_to_accepted_draft_length():
+    # The paper's Table 4: +0.42 over DFlash's 4.10 at B=16 is +10.2% in tau and +13.5% in tau - 1; +0.20 over
+    # 3.88 at B=8 is +5.2% and +6.9%. The a2f4e57 run's +0.042 over 1.392: +3.0% in tau, +10.7% in tau - 1.
+    assert findings.in_unit(0.42, 4.10, "relative") == pytest.approx(0.1024, abs=1e-4)
+    assert findings.in_unit(0.42, 4.10, "accepted") == pytest.approx(0.1355, abs=1e-4)
+    assert findings.in_unit(0.20, 3.88, "accepted") == pytest.approx(0.0694, abs=1e-4)
+    assert findings.in_unit(0.042, 1.392, "accepted") == pytest.approx(0.1071, abs=1e-4)
+    assert findings.in_unit(0.042, 1.392, "absolute") == 0.042
+    with pytest.raises(ValueError, match="unknown scale"):
+        findings.in_unit(0.1, 2.0, "percent")
+    # The paper's number in a cell goes through the same conversion as the run's measurement.
+    claim = {**ABOVE_DFLASH, "verdict": {"paper_factor": 2, "scale": "accepted"}}
+    assert findings.paper_value(claim, {"tau": 4.08, "dflash": 3.88}) == pytest.approx(0.20 / 2.88)
+
+
+def test_an_accepted_length_claim_is_judged_in_tau_minus_one(tmp_path):
+    """DFlash at tau 1.3: a +0.03 gain is +2.3% of tau but +10% of tau - 1. Against the paper's B=8 cell (+0.20
+    over 3.88: +6.9% of tau - 1, region [3.5%, 13.9%]; +5.2% of tau, region [2.6%, 10.3%]) it reproduces in
+    tau - 1 and is contradicted in tau: the unit, not the drafters, decides."""
+    claim = {**ABOVE_DFLASH, "verdict": {"paper_factor": 2, "scale": "accepted"},
+             "paper_cells": [{"depth": 3, "block_size": 8, "temperature": 0, "tau": 4.08, "dflash": 3.88}]}
+    write_comparisons(tmp_path, [comparison_row(2, 0.03, 0.027, 0.033, block_size=8, reference_value=1.3,
+                                                value=1.33)])
+    [found] = findings.findings([claim], tmp_path)
+    assert found.value == pytest.approx(0.10) and (found.low, found.high) == pytest.approx((0.09, 0.11))
+    assert found.verdict == REPRODUCED and found.paper_cell["block_size"] == 8
+    as_tau = {**claim, "verdict": {"paper_factor": 2, "scale": "relative"}}
+    assert findings.findings([as_tau], tmp_path)[0].verdict == CONTRADICTED
+
+
+def test_each_run_cell_meets_the_paper_cell_nearest_its_setting():
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    gain = claims["t1-dpace-tau-gain-about-10pct"]
+    at = findings.match_paper_cell
+    assert at(gain, {"temperature": 0.0, "block_size": 8, "depth": 2}) == {
+        "depth": 3, "block_size": 8, "temperature": 0, "tau": 4.08, "dflash": 3.88, "source": "tex:375"}
+    # T=1 has only B=16 cells: the nearest block size at the same temperature, and the shallower depth.
+    assert at(gain, {"temperature": 1.0, "block_size": 8, "depth": 2})["source"] == "tex:295"
+    assert at(gain, {"temperature": 0.0, "block_size": 16, "depth": 6})["source"] == "tex:287"
+    epochs = claims["t3-cumulative-only-10-12pct"]
+    assert at(epochs, {"temperature": 0.0, "epoch": 4, "block_size": 8})["tau"] == 5.83
+    assert at(epochs, {"temperature": 0.0, "epoch": 12}) is None  # the paper trained 9 epochs
+    assert at(epochs, {"temperature": 1.0, "epoch": 6}) is None  # Table 3 is T=0 only
+
+
+def cell(value: float, low: float, high: float, verdict: str, paper: dict | None = None) -> Finding:
+    return Finding(ABOVE_DFLASH, verdict, "c", value, low, high, paper_cell={} if paper is None else paper)
+
+
+ALL_HOLD = [cell(0.2, 0.1, 0.3, REPRODUCED), cell(0.1, 0.05, 0.15, REPRODUCED), cell(0.3, 0.2, 0.4, REPRODUCED)]
+ONE_FAILS = [cell(0.2, 0.1, 0.3, REPRODUCED), cell(-0.3, -0.4, -0.2, CONTRADICTED), cell(0.3, 0.2, 0.4, REPRODUCED)]
+MIXED = [cell(0.2, 0.1, 0.3, REPRODUCED), cell(0.05, -0.05, 0.15, INCONCLUSIVE), cell(0.3, 0.2, 0.4, REPRODUCED)]
+# One cell barely outside at 95% among four: 95% alone says contradicted, Holm over 4 cells does not.
+BARELY = [cell(0.2, 0.1, 0.3, REPRODUCED), cell(-0.011, -0.021, -0.001, CONTRADICTED),
+          cell(0.3, 0.2, 0.4, REPRODUCED), cell(0.3, 0.2, 0.4, REPRODUCED)]
+
+
+def check_claim_verdicts() -> None:
+    assert findings.claim_verdict(ALL_HOLD) == REPRODUCED
+    assert findings.claim_verdict(ONE_FAILS) == CONTRADICTED
+    assert findings.claim_verdict(MIXED) == INCONCLUSIVE
+    assert findings.claim_verdict(BARELY) == INCONCLUSIVE
+    assert findings.claim_verdict([Finding(ABOVE_DFLASH, NOT_RUN)]) == NOT_RUN
+
+
+def test_one_verdict_per_claim_from_its_cells():
+    check_claim_verdicts()
+    assert findings.holm_contradicted([0.001, 0.02, 0.5]) == [True, False, False]  # 0.02 >= 0.025 / 2
+    assert findings.p_outside(-0.011, -0.021, -0.001, Region.of({"above": 0})) < 0.025  # contradicted alone
+
+
+def majority_of_cells(cells):
+    votes = [f.verdict for f in cells]
+    return max(set(votes), key=votes.count)
+
+
+def any_cell_reproduced(cells):
+    return REPRODUCED if any(f.verdict == REPRODUCED for f in cells) else INCONCLUSIVE
+
+
+def without_holm(pvalues, alpha=0.025):
+    return [p < alpha for p in pvalues]
+
+
+@pytest.mark.parametrize("broken", ["majority", "any", "no_holm"])
+def test_a_broken_claim_rule_fails_the_constructed_cells(monkeypatch, broken):
+    if broken == "no_holm":
+        monkeypatch.setattr(findings, "holm_contradicted", without_holm)
+    else:
+        monkeypatch.setattr(findings, "claim_verdict", majority_of_cells if broken == "majority" else any_cell_reproduced)
+    with pytest.raises(AssertionError):
+        check_claim_verdicts()
+
+
+def check_beyond_the_paper(results: Path) -> None:
+    """A T=0-only claim (Tables 3-6): its T=1 cell is shown as beyond the paper and decides nothing."""
+    claim = {**ABOVE_DFLASH, "paper_cells": [{"depth": 3, "block_size": 16, "temperature": 0, "value": 0.2}]}
+    write_comparisons(results, [comparison_row(1, 0.2, 0.1, 0.3),
+                                comparison_row(1, -0.2, -0.3, -0.1, temperature=1.0)])
+    found = findings.findings([claim], results)
+    assert [f.verdict for f in found] == [REPRODUCED, findings.BEYOND]
+    assert findings.claim_verdict(found) == REPRODUCED
+    page = findings.scorecard(found, config_name="c.yaml", commit="abc")
+    assert "**1** reproduced" in findings.headline(page) and "**0** contradicted" in findings.headline(page)
+    assert "1 measured in settings the paper reported, 1 beyond the paper" in page
+
+
+def test_cells_the_paper_did_not_report_are_beyond_it_and_not_counted(tmp_path):
+    check_beyond_the_paper(tmp_path)
+
+
+def test_ignoring_the_temperature_fails_the_scope_check(tmp_path, monkeypatch):
+    original = findings.match_paper_cell
+    monkeypatch.setattr(findings, "match_paper_cell",
+                        lambda claim, attrs: original(claim, {k: v for k, v in attrs.items() if k != "temperature"}))
+    with pytest.raises(AssertionError):
+        check_beyond_the_paper(tmp_path)
+
+
+def test_a_drafter_pair_read_by_several_claims_is_measured_once_and_shown_once(tmp_path):
+    other = {**ABOVE_DFLASH, "id": "same-pair-other-claim", "verdict": {"between": [0.05, 0.15], "scale": "relative"}}
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3)])
+    found = findings.findings([ABOVE_DFLASH, other], tmp_path)
+    assert found[0].key == found[1].key
+    page = findings.scorecard(found, config_name="c.yaml", commit="abc")
+    assert findings.headline(page).startswith("**2 claims:** **1** reproduced | **0** contradicted | **1** inconclusive")
+    cells = page.split("## Cells", 1)[1].split("## Scale", 1)[0]
+    rows = [line for line in cells.splitlines() if line.startswith("| t d1")]
+    assert len(rows) == 1 and "`dpace-above-dflash`" in rows[0] and "`same-pair-other-claim`" in rows[0]
+    assert "4.000 / --" in rows[0]  # DFlash's tau in the run's cell (no paper cell given)
+
+
+def test_the_page_says_whether_an_interval_covers_training_seeds(tmp_path):
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3, num_seeds=1)])
+    page = findings.scorecard(findings.findings([ABOVE_DFLASH], tmp_path), config_name="c.yaml", commit="abc")
+    assert "these drafters (one seed)" in page and "**reproduced** (these drafters, one seed)" in page
+    assert "+0.043 / +0.083 / +0.037" in page  # Table 1's measured seed spread, cited
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3, num_seeds=3)])
+    page = findings.scorecard(findings.findings([ABOVE_DFLASH], tmp_path), config_name="c.yaml", commit="abc")
+    assert "covers training seeds (3)" in page and "(these drafters, one seed)" not in page
+
+
+@pytest.mark.parametrize("kind", ["contrast", "correlation_gap", "weight_shift", "correlation"])
+@pytest.mark.parametrize("scale", ["relative", "accepted"])
+def test_a_relative_scale_on_a_measure_without_a_reference_is_refused(tmp_path, kind, scale):
+    claim = {**ABOVE_DFLASH, "measure": {"kind": kind, "experiment": "main", "terms": [{"objective": "dpace"}]},
+             "verdict": {"above": 0, "scale": scale}}
+    path = tmp_path / "claims.yaml"
+    path.write_text(yaml.safe_dump([claim]))
+    with pytest.raises(ValueError, match="does not apply"):
+        findings.read_claims(path)
+    claim["verdict"] = {"above": 0}  # absolute: accepted
+    path.write_text(yaml.safe_dump([claim]))
+    findings.read_claims(path)
+
+
+def plateau_steps(levels: list[float], steps_per_level: int, seed: int) -> np.ndarray:
+    """A run whose machine speed moves in contiguous stretches: each level holds for a block of steps."""
+    generator = np.random.default_rng(seed)
+    return np.concatenate([level + 0.002 * generator.standard_normal(steps_per_level) for level in levels])
+
+
+def test_step_times_are_resampled_in_contiguous_windows():
+    """Two runs of the same cost on a machine whose speed drifts in stretches of 100 steps: their means differ
+    by about 1% by chance. Resampling single steps calls that difference certain; whole windows do not."""
+    from dpace.report.timing import ratio_of_means, window_means
+
+    ours = plateau_steps([0.30, 0.33, 0.29, 0.31, 0.34, 0.28, 0.32, 0.30, 0.31, 0.335], 100, 0)
+    theirs = plateau_steps([0.31, 0.29, 0.32, 0.28, 0.30, 0.33, 0.30, 0.29, 0.31, 0.305], 100, 1)
+    by_step = ratio_of_means(ours, theirs)
+    assert by_step[1] > 0  # single steps: "significantly slower", an artifact of the drift
+    value, low, high = ratio_of_means(window_means(ours, 10), window_means(theirs, 10))
+    assert value == pytest.approx(by_step[0]) and low < 0 < high
+    assert high - low > 5 * (by_step[2] - by_step[1])
+
+
+def test_the_step_time_claim_uses_windows(tmp_path, monkeypatch):
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    write_training(tmp_path, np.ones((1000, 4)), (0.3, 0.3))
+    steps = pd.read_csv(tmp_path / "metrics" / "main_train_steps.csv")
+    steps.loc[steps["variant"] == "dpace-x", "step_time_s"] = plateau_steps(
+        [0.30, 0.33, 0.29, 0.31, 0.34, 0.28, 0.32, 0.30, 0.31, 0.335], 100, 0)
+    steps.loc[steps["variant"] == "dflash-x", "step_time_s"] = plateau_steps(
+        [0.31, 0.29, 0.32, 0.28, 0.30, 0.33, 0.30, 0.29, 0.31, 0.305], 100, 1)
+    steps.to_csv(tmp_path / "metrics" / "main_train_steps.csv", index=False)
+    claim = {**claims["t7-step-overhead-small"], "verdict": {"below": 0.0, "scale": "relative"}}  # "not slower"
+    [found] = findings.findings([claim], tmp_path)
+    assert found.verdict == INCONCLUSIVE and "within these two runs" in found.note
+    monkeypatch.setattr(findings, "window_means", lambda times, windows: np.asarray(times))  # single steps
+    assert findings.findings([claim], tmp_path)[0].verdict == CONTRADICTED
+
+
+def prompt_sums(taus: np.ndarray) -> np.ndarray:
+    """[prompts, 4] prompt sums of one request per prompt with tau ``taus`` (dpace.report.intervals' layout)."""
+    return np.stack([np.ones_like(taus), taus, np.ones_like(taus), 1.0 / taus], axis=1)
+
+
+def test_the_gain_slope_avoids_regression_to_the_mean():
+    """Benchmarks whose true tau spans 1.5-3.5 and a constant true gain of +0.2: no gradient. DFlash's own
+    measurement of each benchmark is off by +-0.5 (its training seed's quirks), uncorrelated with the true tau;
+    the gain inherits the same error with the opposite sign. Regressed on DFlash's tau the gain shows a steep
+    negative slope; regressed on a third drafter's tau it shows none."""
+    from dpace.report.scale import gain_slope
+
+    true = np.repeat(np.linspace(1.5, 3.5, 10), 2)
+    dflash_error = np.tile([0.5, -0.5], 10)  # cov with the true tau: exactly 0
+    generator = np.random.default_rng(0)
+    difficulty = [0.3 * generator.standard_normal(40) for _ in true]  # each prompt's, shared by the drafters
+    noise = lambda: [0.02 * generator.standard_normal(40) for _ in true]  # noqa: E731
+    ours = [prompt_sums(t + 0.2 + d + n) for t, d, n in zip(true, difficulty, noise(), strict=True)]
+    dflash = [prompt_sums(t + e + d + n) for t, e, d, n in zip(true, dflash_error, difficulty, noise(), strict=True)]
+    third = [prompt_sums(t - 0.1 + d + n) for t, d, n in zip(true, difficulty, noise(), strict=True)]
+    result = gain_slope(ours, dflash, third, resamples=500)
+    assert result["naive_slope"] < -0.2 and result["naive_high"] < 0  # the spurious slope
+    assert abs(result["slope"]) < 0.05 and result["ci_low"] < 0 < result["ci_high"]
+    # A real gradient (the gain grows by 0.1 per unit of tau) is found by the same method.
+    growing = [prompt_sums(t + 0.2 + 0.1 * (t - 2.5) + d) for t, d in zip(true, difficulty, strict=True)]
+    real = gain_slope(growing, dflash, third, resamples=500)
+    assert real["ci_low"] > 0 and real["slope"] == pytest.approx(0.1, abs=0.03)
+
+
+def test_a_scale_mark_needs_a_measured_gradient():
+    claim = {**ABOVE_DFLASH, "gradient": {"over": "benchmark"}, "conjecture": "gains grow with tau"}
+    flat = {"slope": 0.01, "ci_low": -0.05, "ci_high": 0.07, "cell": "t d1", "over": "benchmark",
+            "stratifier": "topk-prefix"}
+    steep = {**flat, "slope": 0.3, "ci_low": 0.1, "ci_high": 0.5}
+    assert "scale-sensitive" not in findings.scale_mark(claim, [])
+    assert "scale-sensitive" not in findings.scale_mark(claim, [flat])
+    assert findings.scale_mark(claim, [steep]).startswith("**scale-sensitive (measured)**")
+    assert "Conjecture (not measured): gains grow with tau" in findings.scale_mark(claim, [flat])
+
+
+def test_the_not_measurable_list_in_docs_matches_the_claims_file():
+    claims = findings.not_measurable(findings.read_claims(CLAIMS))
+    page = (REPO / "docs" / "scorecard.md").read_text()
+    section = page.split("## Not measurable here", 1)[1].split("\n## ", 1)[0]
+    listed = re.findall(r"^- `([^`]+)`", section, re.M)
+    assert sorted(listed) == sorted(c["id"] for c in claims)
+    for claim in claims:
+        line = next(x for x in section.splitlines() if x.startswith(f"- `{claim['id']}`"))
+        assert claim["reason"] in line
