@@ -537,3 +537,28 @@ def test_the_not_measurable_list_in_docs_matches_the_claims_file():
     for claim in claims:
         line = next(x for x in section.splitlines() if x.startswith(f"- `{claim['id']}`"))
         assert claim["reason"] in line
+
+
+def render_front_page(files: list) -> str:
+    """workflow/report/workflow.rst as `snakemake --report` renders it: Jinja with the report's result files,
+    the link targets Snakemake appends, then docutils to HTML."""
+    from docutils.core import publish_parts
+    from jinja2 import Environment
+
+    links = "".join(f"\n.. _{f.target}: javascript:app.showResultInfo('{f.target}')\n" for f in files)
+    text = (REPO / "workflow" / "report" / "workflow.rst").read_text() + links
+    rst = Environment().from_string(text).render(snakemake=None, categories={}, files=files)
+    return publish_parts(rst, writer="html", settings_overrides={"report_level": 2})["html_body"]
+
+
+def test_the_report_front_page_shows_the_scorecard_headline_and_links_it(tmp_path):
+    from types import SimpleNamespace
+
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3)])
+    page = findings.scorecard(findings.findings([ABOVE_DFLASH], tmp_path), config_name="c.yaml", commit="abc")
+    (tmp_path / "findings.md").write_text(page)
+    html = render_front_page([SimpleNamespace(target="findings.md", path=tmp_path / "findings.md")])
+    assert "1 claims:" in html and "reproduced" in html and "showResultInfo('findings.md')" in html
+    assert "system-message" not in html  # docutils found nothing to complain about
+    without = render_front_page([])
+    assert "results/findings.md" in without and "system-message" not in without
