@@ -423,7 +423,7 @@ def test_a_drafter_pair_read_by_several_claims_is_measured_once_and_shown_once(t
     page = findings.scorecard(found, config_name="c.yaml", commit="abc")
     assert findings.headline(page).startswith("**2 claims:** **1** reproduced | **0** contradicted | **1** inconclusive")
     cells = page.split("## Cells", 1)[1].split("## Scale", 1)[0]
-    rows = [line for line in cells.splitlines() if line.startswith("| t d1")]
+    rows = [line for line in cells.splitlines() if "t d1 B16 T0 epoch 6" in line]
     assert len(rows) == 1 and "`dpace-above-dflash`" in rows[0] and "`same-pair-other-claim`" in rows[0]
     assert "4.000 / --" in rows[0]  # DFlash's tau in the run's cell (no paper cell given)
 

@@ -119,8 +119,8 @@ def in_unit(difference: float, reference_tau: float, scale: str) -> float:
         return difference
     if scale == "relative":
         return difference / reference_tau
-    if scale == "accepted":
-        return difference / (reference_tau - 1.0)
+    if scale == "accepted":  # DFlash accepting nothing (tau 1): no accepted length to be a fraction of
+        return difference / (reference_tau - 1.0) if reference_tau > 1.0 else math.nan
     raise ValueError(f"unknown scale {scale!r}: one of {SCALES}")
 
 
@@ -128,8 +128,19 @@ def _scale(claim: dict) -> str:
     return claim["verdict"].get("scale", "absolute")
 
 
+KIND_UNITS = {
+    "step_time": "training time as a fraction of DFlash's (ratio - 1)",
+    "correlation": "Spearman rho (per block)",
+    "correlation_gap": "difference of two Spearman rho (per block)",
+    "weight_shift": "block positions (mean weighted position, late minus early)",
+    "contrast": "{metric} (absolute; a weighted sum of drafters)",
+}
+
+
 def unit_text(claim: dict) -> str:
-    return UNITS[_scale(claim)].format(metric=claim["measure"].get("metric", "tau"))
+    """The unit a claim is judged in, as the page states it."""
+    kind, metric = claim["measure"]["kind"], claim["measure"].get("metric", "tau")
+    return KIND_UNITS.get(kind, UNITS[_scale(claim)]).format(metric=metric)
 
 
 def _is_fraction(claim: dict) -> bool:
@@ -153,6 +164,7 @@ class Finding:
     raw: tuple = (math.nan, math.nan, math.nan)  # the measurement in absolute units (estimate, low, high)
     seeds: int = 1
     paper_cell: dict | None = None  # the matched paper cell; None: beyond the paper
+    drafters: str = ""  # which drafters the measurement reads, for the cells table
 
 
 class NotRun(Exception):
@@ -454,7 +466,8 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
             _row_attrs(row, (*CELL_COLUMNS, "benchmark", *where)),
             key=("comparison", *(row[c] for c in ("target", "variant", "reference_variant", "metric", "benchmark",
                                                    "temperature", "epoch", "suite"))),
-            reference_tau=reference_tau, seeds=seeds, note=f"n={int(row['num_prompts'])} prompts"))
+            reference_tau=reference_tau, seeds=seeds, note=f"n={int(row['num_prompts'])} prompts",
+            drafters=f"{row['objective']} - dflash ({row['metric']})"))
     return out
 
 
@@ -494,7 +507,8 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
                benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
         out.append(_judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
-                           reference_tau=_dflash_tau(cell), note=f"n={result['num_prompts']} prompts"))
+                           reference_tau=_dflash_tau(cell), note=f"n={result['num_prompts']} prompts",
+                           drafters=f"contrast ({metric})"))
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")
     return out
@@ -764,7 +778,7 @@ def cells_table(found: Sequence[Finding]) -> list[str]:
         readers = "; ".join(
             f"`{f.claim['id']}` {measured_text(f)}, {region_of(f).text(_is_fraction(f.claim)) if f.paper_cell is not None else '--'}, "
             f"**{f.verdict}**" for f in cells)
-        lines.append(_row([first.cell, _raw_text(first) + (f" ({first.note})" if first.note else ""),
+        lines.append(_row([(f"{first.drafters}: " if first.drafters else "") + first.cell, _raw_text(first) + (f" ({first.note})" if first.note else ""),
                            f"{run_tau} / {paper_tau}", readers]))
     return lines
 
