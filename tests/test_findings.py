@@ -562,3 +562,33 @@ def test_the_report_front_page_shows_the_scorecard_headline_and_links_it(tmp_pat
     assert "system-message" not in html  # docutils found nothing to complain about
     without = render_front_page([])
     assert "results/findings.md" in without and "system-message" not in without
+
+
+def test_the_gradient_is_read_from_each_benchmarks_evaluations(tmp_path):
+    """measure_gradient on a results/ folder: three drafters on four benchmarks, D-PACE's gain growing with the
+    benchmark's tau (0.1 per unit of Top-3's tau), read from their summary.json files."""
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    levels = {"gsm8k": 1.2, "math500": 1.6, "humaneval": 2.0, "mt_bench": 2.4}
+    spread = np.linspace(-0.2, 0.2, 12)
+    shift = {"dflash": lambda t: t, "topk-prefix": lambda t: t + 0.05, "dpace": lambda t: t + 0.1 + 0.1 * (t - 1.2)}
+    rows = []
+    for objective, move in shift.items():
+        variant = f"{objective}-x"
+        folder = tmp_path / "eval" / "t" / variant / "epoch-6" / "full"
+        folder.mkdir(parents=True)
+        entries = [{"benchmark": b, "temperature": 0.0, "requests": requests(list(move(level) + spread))}
+                   for b, level in levels.items()]
+        (folder / "summary.json").write_text(json.dumps(entries))
+        rows += [{"target": "t", "variant": variant, "experiment": "main", "objective": objective, "depth": 2,
+                  "block_size": 8, "epoch": 6, "suite": "full", "benchmark": b, "temperature": 0.0,
+                  "tau": move(level), "speedup": 1.0} for b, level in levels.items()]
+    (tmp_path / "metrics").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "main.csv", index=False)
+    [gradient] = findings.measure_gradient(claims["t1-dpace-above-dflash"], tmp_path)
+    assert gradient["strata"] == 4 and gradient["cell"] == "t d2 B8 T0 epoch 6"
+    assert gradient["gain"] == pytest.approx([0.1 + 0.1 * (levels[b] - 1.2) for b in sorted(levels)])
+    assert gradient["slope"] == pytest.approx(0.1) and gradient["ci_low"] > 0
+    mark = findings.scale_mark(claims["t1-dpace-above-dflash"], [gradient])
+    assert mark.startswith("**scale-sensitive (measured)**") and "across benchmarks" in mark
+    page = findings.scorecard([], config_name="c", commit="x", grads={"t1-dpace-above-dflash": [gradient]})
+    assert "+0.100 [" in page.split("## Scale", 1)[1]
