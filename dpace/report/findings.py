@@ -817,7 +817,7 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         "",
         f"**{sum(counts.values())} claims:** " + " | ".join(f"**{counts[v]}** {v}" for v in VERDICTS)
         + (f" ({beyond_claims} more measured only beyond the paper, not counted)" if beyond_claims else "")
-        + f". {len(unmeasurable)} claims are not measurable here (listed below).",
+        + f". {len(unmeasurable)} more claims are not measurable here.",
         "",
         f"Cells: {len(measured) - beyond_cells} measured in settings the paper reported, {beyond_cells} beyond the "
         "paper (shown, not counted).",
