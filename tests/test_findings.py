@@ -592,3 +592,18 @@ def test_the_gradient_is_read_from_each_benchmarks_evaluations(tmp_path):
     assert mark.startswith("**scale-sensitive (measured)**") and "across benchmarks" in mark
     page = findings.scorecard([], config_name="c", commit="x", grads={"t1-dpace-above-dflash": [gradient]})
     assert "+0.100 [" in page.split("## Scale", 1)[1]
+
+
+def test_a_contrast_of_a_several_seed_run_reads_the_first_seed_and_says_so(tmp_path):
+    claim = {**ABOVE_DFLASH, "measure": {"kind": "contrast", "experiment": "ablation", "benchmark": "math500",
+                                         "terms": [{"objective": "dpace", "weight": 1},
+                                                   {"objective": "dpace-cumulative", "weight": -1}]}}
+    taus = list(np.linspace(1.5, 2.5, 12))
+    rows = [{**write_evaluation(tmp_path, f"a{seed}", "dpace", [t + 0.2 - 0.4 * seed for t in taus]), "training_seed": seed}
+            for seed in (0, 1)]
+    rows += [{**write_evaluation(tmp_path, f"b{seed}", "dpace-cumulative", taus), "training_seed": seed} for seed in (0, 1)]
+    (tmp_path / "metrics").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "ablation.csv", index=False)
+    [found] = findings.findings([claim], tmp_path)
+    assert found.verdict == REPRODUCED and found.value == pytest.approx(0.2) and found.seeds == 1
+    assert "training seed 0 of 2" in found.note

@@ -471,6 +471,15 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
     return out
 
 
+def _first_seed(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The rows of the lowest training seed, and how many seeds the frame holds (``train.seeds`` > 1 gives
+    each method one variant per seed). Contrasts read one drafter per method: the first seed's, and say so."""
+    if "training_seed" not in frame or frame["training_seed"].nunique() < 2:
+        return frame, 1
+    seeds = frame["training_seed"]
+    return frame[seeds == seeds.min()], int(seeds.nunique())
+
+
 def _dflash_tau(cell: pd.DataFrame) -> float:
     """DFlash's average tau over the benchmarks of a metrics cell; NaN when the cell has no single DFlash."""
     dflash = cell[cell["objective"] == "dflash"]
@@ -482,7 +491,8 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
     metrics = read_csv(results, f"{m['experiment']}.csv")
     benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
     rows = metrics if benchmark == "avg" else metrics[metrics["benchmark"] == benchmark]
-    rows = _filtered(_at_epoch(rows, m.get("epoch")), dict(m.get("where", {})))
+    rows, seeds = _first_seed(_filtered(_at_epoch(rows, m.get("epoch")), dict(m.get("where", {}))))
+    seed_note = f"; training seed {rows['training_seed'].iloc[0]:g} of {seeds}" if seeds > 1 else ""
     terms = m["terms"]
     # Cells: every cell column that no term picks itself (Table 4's terms pick their block sizes).
     chosen = {key for term in terms for key in term if key != "weight"}
@@ -507,7 +517,7 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
                benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
         out.append(_judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
-                           reference_tau=_dflash_tau(cell), note=f"n={result['num_prompts']} prompts",
+                           reference_tau=_dflash_tau(cell), note=f"n={result['num_prompts']} prompts{seed_note}",
                            drafters=f"contrast ({metric})"))
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")
@@ -646,7 +656,7 @@ def measure_gradient(claim: dict, results: str | Path) -> list[dict]:
     except NotRun:
         return []
     rows = metrics[metrics["benchmark"] == g["benchmark"]] if over == "epoch" else _at_epoch(metrics, "final")
-    rows = _filtered(rows, dict(g.get("where", {})))
+    rows, _ = _first_seed(_filtered(rows, dict(g.get("where", {}))))
     roles = {"ours": g.get("objective", "dpace"), "reference": "dflash", "stratifier": g["stratifier"]}
     out = []
     for _, cell in rows.groupby([c for c in CELL_COLUMNS if c != over], sort=True):
