@@ -614,10 +614,11 @@ def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:
     with np.errstate(invalid="ignore", divide="ignore"):
         centre = np.nansum(w * positions, axis=1) / np.nansum(w, axis=1)
     count = max(1, math.ceil(float(claim["measure"].get("window", 0.1)) * len(centre)))
-    early, late = centre[:count], centre[-count:]
+    # Contiguous windows of each stretch are resampled, not steps: neighbouring steps' weights move together.
+    early, late = window_means(centre[:count], 10), window_means(centre[-count:], 10)
     value, low, high = _bootstrap([late, early], lambda late, early: float(late.mean() - early.mean()))
     return [_judged(claim, variant, (value, low, high), (value, low, high), {}, key=("weights", variant),
-                    note=f"first and last {count} of {len(centre)} steps")]
+                    note=f"first and last {count} of {len(centre)} steps, {len(early)} windows each")]
 
 
 
