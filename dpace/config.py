@@ -13,6 +13,7 @@ from dataclasses import dataclass, field, replace
 from pathlib import Path
 
 from dpace.data import TRAIN_SETS, mixture_name
+from dpace.experiments import EXPERIMENT_SPECS, Request
 from dpace.responses.conversations import dataset_name
 from dpace.schema import SCHEMA, load_schema
 from dpace.training.objectives import (
@@ -84,34 +85,34 @@ class Experiment:
 
     name: str
     variants: list[Variant] = field(default_factory=list)
-    every_epoch: bool = False  # the ablation trajectory evaluates every epoch on MATH-500
+    every_epoch: bool = False  # evaluated after every epoch too (its record's every_epoch suite)
     eval_epoch: int | None = None  # the checkpoint the experiment's tables read; None: each variant's last
 
 
-def _variant(config: dict, target: str, objective: str, *, depth=None, block_size=None, epochs=None,
-             normalization=None, hparams=None, where: str) -> Variant:
+def _variant(config: dict, request: Request) -> Variant:
     train = config["train"]
-    block_size = block_size or train["block_size"]
+    block_size = request.block_size or train["block_size"]
+    normalization = request.normalization
     try:
-        objective = canonical_objective(objective)
+        objective = canonical_objective(request.objective)
         given = dict(train.get("objective_hparams", {}).get(objective, {}))
-        given.update(hparams or {})
+        given.update(request.hparams or {})
         resolved = resolve_hparams(objective, block_size, **given)
         # The released code's own reduction is the default: naming it explicitly is the same drafter.
         if normalization is not None and resolve_normalization(objective, normalization) == resolve_normalization(objective, None):
             normalization = None
     except ValueError as error:
-        raise ConfigError(f"{where}: {error}") from None
+        raise ConfigError(f"{request.where}: {error}") from None
     training_seed = train["seed"]
     seed = None if training_seed is None or training_seed == config["seed"] else int(training_seed)
     return Variant(
-        target=target,
+        target=request.target or config["main_target"],
         objective=objective,
-        depth=int(depth or train["depth"]),
+        depth=int(request.depth or train["depth"]),
         block_size=int(block_size),
         hparams=tuple(sorted(resolved.items())),
         normalization=normalization,
-        epochs=int(epochs or train["epochs"]),
+        epochs=int(request.epochs or train["epochs"]),
         training_seed=seed,
         first_training_seed=seed,
     )
@@ -128,86 +129,22 @@ def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
 
 
 def experiments(config: dict) -> dict[str, Experiment]:
-    """Expand ``config["experiments"]`` into the variants of every experiment that is configured."""
+    """Expand ``config["experiments"]`` into the variants of every experiment that is configured, each by
+    its record in ``dpace.experiments.EXPERIMENT_SPECS``."""
     config = with_schema_defaults(config)
-    main_target = config["main_target"]
-    spec = config["experiments"]
     out: dict[str, Experiment] = {}
-
-    if "main" in spec:
-        e = spec["main"]
-        # Which runs Table 1 reads epoch train.epochs of: "final" trains train.epochs epochs (the
-        # cosine schedule ends there); "ablation-run" trains experiments.ablation.epochs and reads
-        # epoch train.epochs part-way through the schedule, as Table 3 does (the paper's Table 3
-        # epoch-6 values equal its Table 1's, which suggests this reading).
-        checkpoint = e["checkpoint"]
-        run_epochs, eval_epoch = None, None
-        if checkpoint == "ablation-run":
-            run_epochs = spec.get("ablation", {}).get("epochs")
-            eval_epoch = int(config["train"]["epochs"])
-            if run_epochs is None or int(run_epochs) < eval_epoch:
-                raise ConfigError(
-                    "experiments.main.checkpoint: 'ablation-run' needs experiments.ablation.epochs >= "
-                    f"train.epochs ({eval_epoch}), got {run_epochs}"
-                )
-        out["main"] = Experiment("main", [
-            _variant(config, main_target, objective, depth=depth, epochs=run_epochs, where="experiments.main.objectives")
-            for depth in e.get("depths", [config["train"]["depth"]])
-            for objective in e["objectives"]
-        ], eval_epoch=eval_epoch)
-    if "cross_model" in spec:
-        e = spec["cross_model"]
-        variants = []
-        for entry in e["targets"]:
-            for objective in e["objectives"]:
-                variants.append(_variant(config, entry["target"], objective, depth=entry.get("depth"),
-                                         block_size=entry.get("block_size"), where="experiments.cross_model"))
-        out["cross_model"] = Experiment("cross_model", variants)
-    if "ablation" in spec:
-        e = spec["ablation"]
-        out["ablation"] = Experiment("ablation", [
-            _variant(config, main_target, objective, epochs=e.get("epochs"), where="experiments.ablation")
-            for objective in e["objectives"]
-        ], every_epoch=True)
-    if "smoothing" in spec:
-        e = spec["smoothing"]
-        variants = []
-        for entry in e.get("configs", [{"target": main_target}]):
-            block = entry.get("block_size")
-            variants.append(_variant(config, entry["target"], "dflash", block_size=block, where="experiments.smoothing"))
-            variants += [
-                _variant(config, entry["target"], "dpace", block_size=block, hparams={"alpha": float(a)},
-                         where="experiments.smoothing.alphas")
-                for a in e["alphas"]
-            ]
-        out["smoothing"] = Experiment("smoothing", variants)
-    if "block_size" in spec:
-        e = spec["block_size"]
-        out["block_size"] = Experiment("block_size", [
-            _variant(config, main_target, objective, block_size=int(b), where="experiments.block_size.block_sizes")
-            for b in e["block_sizes"]
-            for objective in ("dflash", "dpace")
-        ])
-    if "target_prob" in spec:
-        out["target_prob"] = Experiment("target_prob", [
-            _variant(config, main_target, objective, where="experiments.target_prob")
-            for objective in ("dflash", "dpace-target-prob", "dpace")
-        ])
-    if "extras" in spec:
-        e = spec["extras"]
-        out["extras"] = Experiment("extras", [
-            _variant(config, main_target, objective, where="experiments.extras.objectives")
-            for objective in e["objectives"]
-        ])
-    if "normalization" in spec:
-        e = spec["normalization"]
-        out["normalization"] = Experiment("normalization", [
-            _variant(config, main_target, "dflash", where="experiments.normalization"),  # the reference row
-            *(_variant(config, main_target, "dpace", normalization=mode, where="experiments.normalization.modes")
-              for mode in e["modes"]),
-        ])
-    for experiment in out.values():  # train.seeds: every drafter at each seed, its seeds side by side
-        experiment.variants = [seeded for v in experiment.variants for seeded in _seed_replicates(config, v)]
+    for name, spec in EXPERIMENT_SPECS.items():
+        if name not in config["experiments"]:
+            continue
+        try:
+            requests = spec.expand(config["experiments"][name], config)
+            eval_epoch = spec.eval_epoch(config)
+        except ValueError as error:
+            raise ConfigError(str(error)) from None
+        variants = [_variant(config, request) for request in requests]
+        # train.seeds: every drafter at each seed, its seeds side by side
+        out[name] = Experiment(name, [seeded for v in variants for seeded in _seed_replicates(config, v)],
+                               every_epoch=spec.every_epoch is not None, eval_epoch=eval_epoch)
     return out
 
 

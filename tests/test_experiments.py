@@ -8,19 +8,41 @@ import importlib
 import inspect
 import pkgutil
 import re
+from pathlib import Path
 
 import pytest
 import yaml
 from workflow_runs import snakemake, write_config
 
 from dpace.config import Variant, all_variants, with_schema_defaults
-from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, eval_location, reference_drafter
+from dpace.experiments import (
+    ARTIFACTS,
+    EVAL_SUMMARY,
+    FIGURES,
+    RENDERER_INPUTS,
+    TABLES,
+    eval_location,
+    reference_drafter,
+)
+from dpace.fingerprint import script_modules
 from dpace.report import figures, tables
-from dpace.report.render import _renderers, render_artifact
+from dpace.report.render import render_artifact, renderer
+
+RENDER_SCRIPT = Path(__file__).resolve().parents[1] / "workflow" / "scripts" / "render_artifact.py"
 
 
-def test_every_artifact_has_a_renderer_and_every_renderer_an_artifact():
-    assert list(_renderers()) == list(ARTIFACTS)
+@pytest.mark.parametrize("name", ARTIFACTS)
+def test_every_artifact_names_a_renderer_that_takes_its_inputs(name):
+    """The record's renderer exists, is fingerprinted with the rendering job, and accepts what the record passes."""
+    artifact = ARTIFACTS[name]
+    assert artifact.module in script_modules(RENDER_SCRIPT)
+    arguments = [a.rpartition("=") for a in artifact.arguments]
+    assert all(source in RENDERER_INPUTS or source.startswith("reference:") for _, _, source in arguments)
+    positional = [None] * sum(not keyword for keyword, _, _ in arguments)
+    inspect.signature(renderer(name)).bind(*positional, **{k: None for k, _, _ in arguments if k})
+
+
+def test_tables_come_before_figures():
     assert TABLES + FIGURES == list(ARTIFACTS)
 
 

@@ -1,5 +1,5 @@
-"""From the tidy CSVs to one of the paper's tables (LaTeX) or figures (PDF + PNG): the renderer of each
-artifact of the registry (``dpace.experiments.ARTIFACTS``).
+"""From the tidy CSVs to one of the paper's tables (LaTeX) or figures (PDF + PNG): each artifact of the registry
+(``dpace.experiments.ARTIFACTS``) rendered by the function its record names, with the inputs it names.
 
 Apart from ``dpace.report.collect`` (which writes those CSVs) so that a job collecting metrics does not run,
 and is not fingerprinted with, the table and figure code.
@@ -7,23 +7,30 @@ and is not fingerprinted with, the table and figure code.
 
 from __future__ import annotations
 
+import importlib
+from collections.abc import Callable
 from dataclasses import dataclass
 from pathlib import Path
 
 import pandas as pd
 
-from dpace.experiments import ARTIFACTS, REFERENCE_EXPERIMENT, reference_drafter
+from dpace.experiments import ARTIFACTS, REFERENCE_EXPERIMENT, Artifact, reference_drafter
 from dpace.io import atomic_write_text
-from dpace.report import figures
+from dpace.report import figures  # noqa: F401  (a renderer's module, as the tables below)
 from dpace.report.metrics_frame import mean_over_seeds
-from dpace.report.tables.ablation import table_ablation
-from dpace.report.tables.averages import table_normalization, table_objectives_extra, table_target_prob
-from dpace.report.tables.block_size import table_block_size
-from dpace.report.tables.correlation import table_correlation
-from dpace.report.tables.cross_model import table_cross_model
-from dpace.report.tables.main import table_main
-from dpace.report.tables.smoothing import table_smoothing
-from dpace.report.tables.training_time import table_training_time
+
+# The renderers' modules, which ``renderer`` finds by the registry's names: imported here so that the code
+# fingerprint of a rendering job covers them (tests/test_experiments.py checks every record's module is here).
+from dpace.report.tables import (  # noqa: F401
+    ablation,
+    averages,
+    block_size,
+    correlation,
+    cross_model,
+    main,
+    smoothing,
+    training_time,
+)
 
 
 def read_metrics(paths) -> pd.DataFrame:
@@ -50,32 +57,28 @@ class ArtifactInputs:
         return reference_drafter(rows.to_dict("records"), objective)["variant"]
 
 
-def _renderers() -> dict:
-    """Every artifact's renderer: a table's returns its LaTeX, a figure's writes its PDF and PNG."""
+def renderer(name: str) -> Callable:
+    """The function that renders artifact ``name``: the one named like it in its record's module."""
+    return getattr(importlib.import_module(ARTIFACTS[name].module), name)
 
-    def table(function):  # the tables that read their experiments' metrics only
-        return lambda inputs, out, out_png: function(inputs.metrics)
 
-    return {
-        "table_main": lambda inputs, out, out_png: table_main(inputs.metrics, comparisons=inputs.comparisons),
-        "table_cross_model": table(table_cross_model),
-        "table_ablation": table(table_ablation),
-        "table_block_size": table(table_block_size),
-        "table_smoothing": table(table_smoothing),
-        "table_target_prob": table(table_target_prob),
-        "table_training_time": lambda inputs, out, out_png: table_training_time(
-            pd.read_csv(inputs.train_runs), metrics=inputs.metrics),
-        "table_correlation": lambda inputs, out, out_png: table_correlation(
-            pd.read_csv(inputs.blocks), variant=inputs.reference("dflash")),
-        "table_objectives_extra": table(table_objectives_extra),
-        "table_normalization": table(table_normalization),
-        "fig_motivation": lambda inputs, out, out_png: figures.fig_motivation(
-            pd.read_csv(inputs.blocks), inputs.metrics, out, out_png, variant=inputs.reference("dflash")),
-        "fig_weight_dynamics": lambda inputs, out, out_png: figures.fig_weight_dynamics(
-            pd.read_csv(inputs.train_steps), out, out_png,
-            dpace_variant=inputs.reference("dpace"), dflash_variant=inputs.reference("dflash")),
-        "fig_tau_trajectory": lambda inputs, out, out_png: figures.fig_tau_trajectory(inputs.metrics, out, out_png),
-    }
+def _render(artifact: Artifact, inputs: ArtifactInputs, out, out_png):
+    """Call the artifact's renderer with the inputs its record names (``Artifact.arguments``): a table's returns
+    its LaTeX, a figure's writes its PDF and PNG."""
+    values = {"metrics": inputs.metrics, "comparisons": inputs.comparisons, "out": out, "out_png": out_png}
+    files = {"blocks": inputs.blocks, "train_steps": inputs.train_steps, "train_runs": inputs.train_runs}
+    args, kwargs = [], {}
+    for argument in artifact.arguments:
+        keyword, _, source = argument.rpartition("=")
+        if source.startswith("reference:"):
+            value = inputs.reference(source.split(":")[1])
+        else:
+            value = pd.read_csv(files[source]) if source in files else values[source]
+        if keyword:
+            kwargs[keyword] = value
+        else:
+            args.append(value)
+    return renderer(artifact.name)(*args, **kwargs)
 
 
 def render_artifact(
@@ -89,6 +92,6 @@ def render_artifact(
         comparisons=read_metrics(comparisons) if comparisons else None,
         blocks=blocks, train_steps=train_steps, train_runs=train_runs,
     )
-    text = _renderers()[name](inputs, out, out_png)
+    text = _render(ARTIFACTS[name], inputs, out, out_png)
     if ARTIFACTS[name].kind == "table":
         atomic_write_text(out, text)

@@ -17,7 +17,19 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
-from dpace.experiments import ARTIFACTS, EVAL_SUMMARY, FIGURES, TABLES, reference_drafter
+from dpace.experiments import (
+    ARTIFACTS,
+    BASELINE,
+    BLOCKS,
+    DRAFTER_SUMMARY,
+    EVAL_SUMMARY,
+    EXPERIMENT_SPECS,
+    EXTRA_SUITES,
+    FIGURES,
+    REQUIRES,
+    TABLES,
+    reference_drafter,
+)
 from dpace.training.train_config import train_knobs
 from dpace import fingerprint
 
@@ -68,23 +80,32 @@ def eval_summary(target, variant_id, epoch, suite):
     return f"{RESULTS}/{EVAL_SUMMARY.format(target=target, variant=variant_id, epoch=epoch, suite=suite)}"
 
 
+def drafter_summary(v):
+    return f"{RESULTS}/{DRAFTER_SUMMARY.format(target=v.target, variant=v.id)}"
+
+
+def baseline_records(target):
+    return f"{RESULTS}/{BASELINE.format(target=target)}"
+
+
 def experiment_evaluations(name):
     """Evaluation summaries experiment ``name``'s tables need: the full suite at its checkpoint (the
-    final epoch unless experiments.main.checkpoint says otherwise), and for the ablation trajectory
-    MATH-500 at T=0 after every earlier epoch."""
+    final epoch unless experiments.main.checkpoint says otherwise), and, for an experiment whose record
+    evaluates every epoch (the ablation trajectory), its every-epoch suite after every earlier epoch."""
     paths = []
     experiment = EXPERIMENTS[name]
+    every_epoch = EXPERIMENT_SPECS[name].every_epoch
     for v in experiment.variants:
         paths.append(eval_summary(v.target, v.id, experiment.eval_epoch or v.epochs, "full"))
-        if experiment.every_epoch:
-            paths += [eval_summary(v.target, v.id, e, "trajectory") for e in range(1, v.epochs)]
+        if every_epoch:
+            paths += [eval_summary(v.target, v.id, e, every_epoch.name) for e in range(1, v.epochs)]
     return paths
 
 
-# Each artifact (dpace.experiments.ARTIFACTS): the experiment it exists for, and the experiments whose rows
+# Each artifact (dpace.experiments.ARTIFACTS): the experiment whose record holds it, and the experiments whose rows
 # it reads. Every experiment holds its own DFlash reference, so a table never waits for drafters it does not show.
 def configured(names):
-    return [name for name in names if ARTIFACTS[name].requires in EXPERIMENTS]
+    return [name for name in names if REQUIRES[name] in EXPERIMENTS]
 
 
 def artifact_paths(names):
@@ -163,18 +184,16 @@ def experiment_metadata(experiment):
     return rows
 
 
-# Evaluation suites (stage 6): which benchmarks and temperatures an evaluation job decodes.
+# Evaluation suites (stage 6): which benchmarks and temperatures an evaluation job decodes: the config's full
+# suite, and those the registry's experiments and artifacts ask for (dpace.experiments.EXTRA_SUITES).
 SUITES = {
     "full": {"benchmarks": config["data"]["benchmarks"], "temperatures": config["eval"]["temperatures"]},
-    "trajectory": {"benchmarks": ["math500"], "temperatures": [0.0]},
-    # Per-block q and tau for Table 8 / Figure 1a when eval.backend is SGLang, which reports neither:
-    # the in-process decoder on MATH-500 at T=0 (the paper's setting for them).
-    "blocks": {"benchmarks": ["math500"], "temperatures": [0.0], "backend": "local"},
+    **{name: suite.settings() for name, suite in EXTRA_SUITES.items()},
 }
 
 # The target decoding alone does not depend on the drafter: with eval.baseline "shared" it is timed
 # once per target on the full suite's requests. Each local evaluation whose requests it covers reads it;
-# the trajectory and blocks suites (MATH-500 at T=0) decode their own when MATH-500 is not benchmarked.
+# the other suites decode their own when the full suite does not hold their benchmarks and temperatures.
 BASELINE_BENCHMARKS = sorted(SUITES["full"]["benchmarks"])
 BASELINE_TEMPERATURES = sorted(SUITES["full"]["temperatures"])
 
@@ -183,13 +202,18 @@ def eval_backend(wildcards):
     return SUITES[wildcards.suite].get("backend", config["eval"]["backend"])
 
 
-def shared_baseline(wildcards):
+def baseline_covers(wildcards):
+    """Whether the shared baseline decodes every request of the job's suite, on the in-process decoder."""
     suite = SUITES[wildcards.suite]
     covered = set(suite["benchmarks"]) <= set(BASELINE_BENCHMARKS) and set(suite["temperatures"]) <= set(
         BASELINE_TEMPERATURES
     )
-    if eval_backend(wildcards) == "local" and config["eval"]["baseline"] == "shared" and covered:
-        return {"baseline": f"{RESULTS}/eval/{wildcards.target}/autoregressive-baseline.jsonl"}
+    return covered and eval_backend(wildcards) == "local"
+
+
+def shared_baseline(wildcards):
+    if config["eval"]["baseline"] == "shared" and baseline_covers(wildcards):
+        return {"baseline": baseline_records(wildcards.target)}
     return {}
 
 
@@ -203,18 +227,14 @@ BASELINE_TIMED_PROMPTS = (
 
 
 def replay_covered(wildcards):
-    suite = SUITES[wildcards.suite]
-    covered = set(suite["benchmarks"]) <= set(BASELINE_BENCHMARKS) and set(suite["temperatures"]) <= set(
-        BASELINE_TEMPERATURES
-    )
-    return (config["eval"]["tau"] == "replay" and eval_backend(wildcards) == "local" and covered
+    return (config["eval"]["tau"] == "replay" and baseline_covers(wildcards)
             and config["eval"]["verification"] == "hard-match")
 
 
 def reference_answers(wildcards):
     if replay_covered(wildcards):
         return {
-            "reference": f"{RESULTS}/eval/{wildcards.target}/autoregressive-baseline.jsonl",
+            "reference": baseline_records(wildcards.target),
             "features": f"{RESULTS}/eval/{wildcards.target}/reference-features.pt",
         }
     return {}

@@ -27,10 +27,11 @@ rule experiment_metrics:
 
 rule local_blocks:
     """With eval.backend sglang: per-block records of Table 1's shallowest DFlash drafter (the one
-    table_correlation and fig_motivation (a) show) from an in-process MATH-500 run at T=0."""
+    table_correlation and fig_motivation (a) show) from an in-process run of the blocks suite
+    (dpace.experiments.BLOCKS)."""
     input:
         summaries=lambda wildcards: [
-            eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, "blocks")
+            eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, BLOCKS.name)
             for v in [reference_drafter(EXPERIMENTS["main"].variants, "dflash")]
         ],
     output:
@@ -50,9 +51,7 @@ rule local_blocks:
 
 rule experiment_training:
     input:
-        summaries=lambda wildcards: [
-            f"{RESULTS}/drafters/{v.target}/{v.id}/summary.json" for v in EXPERIMENTS[wildcards.experiment].variants
-        ],
+        summaries=lambda wildcards: [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants],
     output:
         steps=f"{RESULTS}/metrics/{{experiment}}_train_steps.csv",
         runs=f"{RESULTS}/metrics/{{experiment}}_train_runs.csv",

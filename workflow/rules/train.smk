@@ -6,7 +6,7 @@ rule train_drafter:
         features=lambda wildcards: features_dir(wildcards.target),
         target=f"{RESULTS}/targets/{{target}}/target.json",
     output:
-        summary=f"{RESULTS}/drafters/{{target}}/{{variant}}/summary.json",
+        summary=f"{RESULTS}/{DRAFTER_SUMMARY}",
         steps=f"{RESULTS}/drafters/{{target}}/{{variant}}/steps.jsonl",
     log:
         f"{RESULTS}/logs/train/{{target}}/{{variant}}.log",
