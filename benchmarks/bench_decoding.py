@@ -37,8 +37,9 @@ from dpace.evaluation.decoding import (
     optimize_for_cpu,
     speculative_generate,
 )
+from dpace.features import default_target_layer_ids
 from dpace.targets import chat_prompt_ids, load_target, prepare_target
-from dpace.training.drafter import default_target_layer_ids, drafter_config
+from dpace.training.drafter import drafter_config
 
 PROMPT = (
     "Write a short story about a robot who learns to paint. Make it vivid and detailed, "

@@ -26,10 +26,10 @@ import yaml
 from dpace.data import benchmark_prompts
 from dpace.evaluation.decoding import speculative_generate
 from dpace.evaluation.replay import needed_context_start, reference_turn, replay_turn, target_features
+from dpace.features import default_target_layer_ids
 from dpace.targets import chat_prompt_ids, load_target, prepare_target, stop_token_ids
 from dpace.training.drafter import (
     build_drafter,
-    default_target_layer_ids,
     drafter_config,
     load_drafter,
     save_drafter,

@@ -7,9 +7,10 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
 - ``targets``      stage 2: loading target LLMs (embedded SmolLM2, tiny random smoke target, hub ids)
 - ``responses/``   stage 3: the target answers the training prompts (``generation``: transformers on CPU,
                    SGLang's engine on GPU), or its released answers are imported (``conversations``)
-- ``features``     stage 4: cached target hidden states for drafter training
-- ``training/``    stage 5: ``objectives`` (every training loss of the paper and extensions, one registry record
-                   each), ``drafter`` (SpecForge DFlash draft models), ``online_model`` (the objective-aware
+- ``features``     stage 4: cached target hidden states for drafter training (and which target layers a
+                   drafter reads)
+- ``training/``    stage 5: ``objectives`` (every training loss of the paper and extensions: each objective's
+                   weight function beside the shared loss code), ``drafter`` (SpecForge DFlash draft models), ``online_model`` (the objective-aware
                    training wrapper), ``draft_vocab`` (the optional pruned draft vocabulary), ``train_config``
                    (the settings, from the config's train section), ``loop`` (the local training loop: check,
                    set-up, loop, save), ``training_records`` (steps.jsonl and summary.json), ``specforge_backend``
@@ -24,17 +25,20 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    selection tables and figures share), ``latex`` (LaTeX helpers), ``tables/`` (one module per
                    table), ``figures``, ``render`` (one artifact from the CSVs), ``findings`` (the scorecard
                    of the paper's claims, ``workflow/claims.yaml``)
-- shared           ``config``, ``schema`` (the config's checks and experiments; the schema's defaults and
-                   enums), ``experiments`` (the registry of every table and figure, what it reads and which
-                   reference drafters it draws), ``io`` (atomic files, jsonl), ``gpus`` (one locked GPU per
+- shared           ``config``, ``schema`` (the config's checks and its expansion into drafter variants; the
+                   schema's defaults and enums), ``experiments`` (the registry of experiments: how each
+                   expands into drafters, its tables and figures with their renderers, the result paths),
+                   ``objective_records`` (every objective's record: hyper-parameters, defaults, labels,
+                   colours, captions; no torch), ``io`` (atomic files, jsonl), ``gpus`` (one locked GPU per
                    job, the SGLang install check), ``fingerprint`` (which modules a job runs),
                    ``gpu_check`` (``python -m dpace.gpu_check``: one GPU checked end to end)
 
-Between stages, imports go down the DAG: a stage imports shared modules and earlier stages' (``evaluation``
-the drafter of ``training``, ``report`` the objectives' records and training records), with one exception:
-``features`` asks ``training.drafter`` which target layers a drafter reads. Of the shared modules, ``config``
-checks a config against ``training.objectives``' registry and ``responses.conversations``' data sets, and
-``gpu_check`` runs ``training.training_check``.
+This is the one module map; the stage packages' docstrings say what their stage does. Between stages, imports
+go down the DAG: a stage imports shared modules and earlier stages' (``evaluation`` the drafter of ``training``
+and the layer choice of ``features``, ``report`` the training records), never a later stage's
+(tests/test_imports.py). Of the shared modules, ``config`` checks a config against ``data``'s and
+``responses.conversations``' data sets, and ``gpu_check`` runs ``training.training_check``; ``config`` and
+``experiments``, which every Snakefile parse imports, load no torch.
 """
 
 __version__ = "0.1.0"

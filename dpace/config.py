@@ -14,14 +14,14 @@ from pathlib import Path
 
 from dpace.data import TRAIN_SETS, mixture_name
 from dpace.experiments import EXPERIMENT_SPECS, Request
-from dpace.responses.conversations import dataset_name
-from dpace.schema import SCHEMA, load_schema
-from dpace.training.objectives import (
+from dpace.objective_records import (
     REGISTRY,
     canonical_objective,
     resolve_hparams,
     resolve_normalization,
 )
+from dpace.responses.conversations import dataset_name
+from dpace.schema import SCHEMA, load_schema
 
 
 class ConfigError(ValueError):

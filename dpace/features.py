@@ -19,13 +19,20 @@ from tqdm import tqdm
 from dpace.io import atomic_folder, atomic_write_json, read_jsonl
 from dpace.schema import schema_enum
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
-from dpace.training.drafter import default_target_layer_ids
 
 STORE_DTYPE = torch.bfloat16
 SORT_WINDOW_BATCHES = 8
 # SpecForge's DFlash recipe drops a sequence with fewer response tokens than this after truncation
 # (specforge.algorithms.model_providers.dflash_min_loss_tokens).
 MIN_LOSS_TOKENS = 2
+
+
+def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
+    """SpecForge's ``build_target_layer_ids``: features spread from layer 1 to L-3."""
+    if num_features == 1:
+        return [num_target_layers // 2]
+    start, end = 1, num_target_layers - 3
+    return [round(start + i * (end - start) / (num_features - 1)) for i in range(num_features)]
 
 
 def tokenize_conversation(tokenizer, conversation: dict, end_token_id: int) -> tuple[list[int], list[int]]:

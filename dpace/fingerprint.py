@@ -11,11 +11,12 @@ imported lazily), so an edit to any module a job can run changes its fingerprint
 dotted names (``dpace.report.tables.main`` is ``dpace/report/tables/main.py``); importing one runs the
 ``__init__.py`` of every package above it (``dpace``, ``dpace.report``, ``dpace.report.tables``), so those count too.
 
-One module is finer-grained for training: ``dpace.training.objectives`` holds every objective, and a drafter
-runs only one of them. ``objective_sources`` splits it into the code every objective shares and one
-part per objective (its registry record and its weight function), so a training job fingerprinted
-for its objective (``script_fingerprint(..., objective=...)``) reruns when the shared code or its own
-objective changes, and not when another objective is added or edited.
+Two modules are finer-grained for training: ``dpace.objective_records`` (every objective's record) and
+``dpace.training.objectives`` (every objective's weight function) hold every objective, and a drafter runs only
+one of them. ``objective_sources`` splits each into the code every objective shares and one part per objective
+(its record, its weight function), so a training job fingerprinted for its objective
+(``script_fingerprint(..., objective=...)``) reruns when the shared code or its own objective changes, and not
+when another objective is added or edited.
 """
 
 from __future__ import annotations
@@ -26,8 +27,11 @@ from pathlib import Path
 
 PACKAGE = "dpace"
 PACKAGE_DIR = Path(__file__).resolve().parent
-OBJECTIVES_MODULE = "dpace.training.objectives"
-RECORD_CLASS = "Objective"  # REGISTRY's records are ``Objective("name", ..., weights_function, ...)`` calls
+# The modules split per objective: its record (``Objective("<name>", ...)`` calls of the registry) lives in the
+# first, its weight function (an entry ``"<name>": function`` of the ``WEIGHTS`` dict) in the second.
+OBJECTIVE_MODULES = ("dpace.objective_records", "dpace.training.objectives")
+RECORD_CLASS = "Objective"
+WEIGHTS_DICT = "WEIGHTS"
 
 
 def module_path(module: str, package_dir: Path = PACKAGE_DIR) -> Path | None:
@@ -92,49 +96,78 @@ def _is_record(node: ast.AST) -> bool:
             and bool(node.args) and isinstance(node.args[0], ast.Constant) and isinstance(node.args[0].value, str))
 
 
+def _weights_dict(tree: ast.Module) -> ast.Dict | None:
+    """The ``WEIGHTS = {...}`` literal of a module, if any."""
+    for node in tree.body:
+        target = node.target if isinstance(node, ast.AnnAssign) else (node.targets[0] if isinstance(node, ast.Assign) else None)
+        if isinstance(target, ast.Name) and target.id == WEIGHTS_DICT and isinstance(node.value, ast.Dict):
+            return node.value
+    return None
+
+
+def _records(tree: ast.Module) -> dict[str, list[ast.AST]]:
+    """Each objective's own nodes: its ``Objective("<name>", ...)`` call, or its key and value in ``WEIGHTS``."""
+    records = {node.args[0].value: [node] for node in ast.walk(tree) if _is_record(node)}
+    weights = _weights_dict(tree)
+    for key, value in zip(weights.keys, weights.values, strict=True) if weights else ():
+        if isinstance(key, ast.Constant) and isinstance(key.value, str):
+            records[key.value] = [key, value]
+    return records
+
+
 class _WithoutRecords(ast.NodeTransformer):
-    """Drops every ``Objective("<name>", ...)`` call (from the registry's tuple: the tuple shrinks)."""
+    """Drops every ``Objective("<name>", ...)`` call (from the registry's tuple: the tuple shrinks) and every
+    entry of ``WEIGHTS``."""
+
+    def __init__(self, weights: ast.Dict | None):
+        self.weights = weights
 
     def visit_Call(self, node: ast.Call):
         return None if _is_record(node) else self.generic_visit(node)
 
+    def visit_Dict(self, node: ast.Dict):
+        if node is self.weights:
+            node.keys, node.values = [], []
+        return self.generic_visit(node)
+
 
 def objective_sources(source: str) -> tuple[str, dict[str, str]]:
-    """``dpace.training.objectives``'s code split into (the code every objective shares, {objective: its own code}).
+    """A module split per objective (``OBJECTIVE_MODULES``) into (the code every objective shares, {objective: its
+    own code}).
 
-    An objective's own code is its ``Objective("<name>", ...)`` record in the registry plus the module-level
-    weight function the record names, with any other record's weight function that one calls (a function two
-    records reach, like D-PACE's and D-PAKL's, belongs to both); the shared code is everything else. Both are compared as syntax trees (``ast.dump``), so comments,
-    blank lines and where a record sits do not count: a new record and its function leave the shared code as
-    it was. Any code that is not a record or a weight function stays shared, so nothing escapes the fingerprint.
+    An objective's own code is its record (its ``Objective("<name>", ...)`` call, or its entry in ``WEIGHTS``) plus
+    the module-level functions the record names, with any other record's function that one calls (a function two
+    records reach, like D-PACE's and D-PAKL's weights, belongs to both); the shared code is everything else. Both
+    are compared as syntax trees (``ast.dump``), so comments, blank lines and where a record sits do not count: a
+    new record and its function leave the shared code as it was. Any code that is not a record or a function a
+    record names stays shared, so nothing escapes the fingerprint.
     """
     tree = ast.parse(source)
     functions = {node.name: node for node in tree.body if isinstance(node, ast.FunctionDef)}
-    named = {}  # record -> the module-level function its ``weights`` names, if any
-    for record in (node for node in ast.walk(tree) if _is_record(node)):
-        weights = record.args[4] if len(record.args) > 4 else next(
-            (keyword.value for keyword in record.keywords if keyword.arg == "weights"), None)
-        named[record] = weights.id if isinstance(weights, ast.Name) and weights.id in functions else None
-    weight_functions = {name for name in named.values() if name}
+    records = _records(tree)
+    named = {name: sorted({n.id for node in nodes for n in ast.walk(node) if isinstance(n, ast.Name) and n.id in functions})
+             for name, nodes in records.items()}
+    record_functions = {function for names in named.values() for function in names}
     own: dict[str, str] = {}
-    for record, function in named.items():
-        # Its weight function and every other weight function that one calls (those are cut from the shared code).
-        reached, todo = [], [function] if function else []
+    for name, nodes in records.items():
+        # Its functions and every other record's function that those call (those are cut from the shared code).
+        reached, todo = [], list(named[name])
         while todo:
-            name = todo.pop()
-            if name not in reached:
-                reached.append(name)
-                todo += [node.id for node in ast.walk(functions[name])
-                         if isinstance(node, ast.Name) and node.id in weight_functions]
-        own[record.args[0].value] = "\n".join([ast.dump(record), *(ast.dump(functions[name]) for name in reached)])
-    tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name in weight_functions)]
-    return ast.dump(_WithoutRecords().visit(tree)), own
+            function = todo.pop()
+            if function not in reached:
+                reached.append(function)
+                todo += [node.id for node in ast.walk(functions[function])
+                         if isinstance(node, ast.Name) and node.id in record_functions]
+        own[name] = "\n".join([*(ast.dump(node) for node in nodes), *(ast.dump(functions[f]) for f in sorted(reached))])
+    weights = _weights_dict(tree)
+    tree.body = [node for node in tree.body if not (isinstance(node, ast.FunctionDef) and node.name in record_functions)]
+    return ast.dump(_WithoutRecords(weights).visit(tree)), own
 
 
 def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: str | None = None) -> str:
     """Hash of the named modules' source (names and bytes, in sorted order).
 
-    With ``objective``, ``dpace.training.objectives`` counts only its shared code and that objective's own code
+    With ``objective``, each module of OBJECTIVE_MODULES counts only its shared code and that objective's own code
     (``objective_sources``): adding or editing another objective leaves the hash as it is.
     """
     digest = hashlib.sha256()
@@ -143,10 +176,10 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: 
         if path is None:
             raise FileNotFoundError(f"no module {module} under {package_dir}")
         digest.update(module.encode())
-        if module == OBJECTIVES_MODULE and objective is not None:
+        if module in OBJECTIVE_MODULES and objective is not None:
             shared, own = objective_sources(path.read_text())
             if objective not in own:
-                raise ValueError(f"no {RECORD_CLASS}({objective!r}, ...) record in {path}; records: {', '.join(own)}")
+                raise ValueError(f"no record of objective {objective!r} in {path}; records: {', '.join(own)}")
             digest.update(shared.encode())
             digest.update(own[objective].encode())
         else:
@@ -156,5 +189,5 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: 
 
 def script_fingerprint(script: str | Path, package_dir: Path = PACKAGE_DIR, objective: str | None = None) -> str:
     """The fingerprint of every ``dpace`` module ``script`` runs (see ``script_modules``); with ``objective``,
-    of only the part of ``dpace.training.objectives`` that objective runs (see ``code_fingerprint``)."""
+    of only the part of the OBJECTIVE_MODULES that objective runs (see ``code_fingerprint``)."""
     return code_fingerprint(*script_modules(script, package_dir), package_dir=package_dir, objective=objective)

@@ -6,10 +6,10 @@ import pytest
 import torch
 from transformers import LlamaConfig
 
+from dpace.features import default_target_layer_ids
 from dpace.training.drafter import (
     build_drafter,
     check_drafter_matches_target,
-    default_target_layer_ids,
     drafter_config,
     load_drafter,
     save_drafter,

@@ -108,7 +108,7 @@ def test_every_module_loaded_by_a_script_imports_is_in_its_fingerprint(script, l
 def test_lazily_imported_backends_are_part_of_their_stage():
     """Imports inside functions count: the GPU backends are imported only when configured."""
     scripts = REPO / "workflow" / "scripts"
-    assert "dpace.training.drafter" in script_modules(scripts / "features.py")
+    assert not [m for m in script_modules(scripts / "features.py") if m.startswith("dpace.training")]  # down the DAG
     assert {"dpace.gpus", "dpace.responses.generation"} <= set(script_modules(scripts / "generate_responses.py"))
     assert "dpace.training.specforge_backend" in script_modules(scripts / "train_drafter.py")
     assert "dpace.evaluation.sglang_backend" in script_modules(scripts / "evaluate.py")
@@ -123,11 +123,11 @@ def test_nested_modules_and_the_packages_above_them_are_followed():
     render = REPO / "workflow" / "scripts" / "render_artifact.py"
     runs = set(script_modules(render))
     assert {"dpace", "dpace.report", "dpace.report.tables", "dpace.report.tables.main",
-            "dpace.report.latex", "dpace.training", "dpace.training.objectives"} <= runs
+            "dpace.report.latex", "dpace.objective_records"} <= runs
     assert module_path("dpace.report.tables", REPO / "dpace") == REPO / "dpace" / "report" / "tables" / "__init__.py"
     assert module_path("dpace.report.tables.main", REPO / "dpace") == REPO / "dpace" / "report" / "tables" / "main.py"
     assert module_path("dpace.report.tables.main.table_main", REPO / "dpace") is None  # a function, not a module
-    assert not {"dpace.evaluation", "dpace.responses"} & runs
+    assert not {"dpace.evaluation", "dpace.responses", "dpace.training"} & runs  # the report never runs the loss
 
 
 def test_collecting_metrics_does_not_run_the_table_or_figure_code():
@@ -160,9 +160,8 @@ def _snakemake(repo: Path, workdir: Path, config: Path, *args: str) -> subproces
 
 
 def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror):
-    """Through Snakemake: build the features, edit dpace/training/drafter.py (which features imports through
-    dpace.features, the module the old hand-written list missed): the features job is planned again;
-    an edit to table rendering plans nothing."""
+    """Through Snakemake: build the features, edit dpace/features.py or a module it imports: the features job is
+    planned again; an edit to table rendering, or to the drafter of a later stage, plans nothing."""
     from workflow_runs import planned_jobs, write_config
 
     repo = tmp_path / "repo"
@@ -175,7 +174,8 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
     assert built.returncode == 0, built.stderr[-3000:]
     assert planned_jobs(_snakemake(repo, workdir, config, "-n", target)) == {}
 
-    for module, planned in (("report/tables/main", {}), ("training/drafter", {"features": 1}), ("io", {"features": 1})):
+    for module, planned in (("report/tables/main", {}), ("training/drafter", {}), ("features", {"features": 1}),
+                            ("io", {"features": 1})):
         path = repo / "dpace" / f"{module}.py"
         source = path.read_text()
         path.write_text(source + "\n# an edit\n")
@@ -189,48 +189,58 @@ def test_editing_a_module_features_imports_plans_features_again(tmp_path, mirror
 
 
 def test_training_fingerprints_cover_only_the_objective_they_train(package_copy):
-    """Training's fingerprint covers dpace.training.objectives' shared code and its own objective's record and weight
-    function: a new objective, or an edit to another one's formula, leaves it alone."""
+    """Training's fingerprint covers the shared code of dpace.objective_records and dpace.training.objectives and its
+    own objective's record and weight function: a new objective, or an edit to another one's formula or record,
+    leaves it alone. The report reads the records, not the loss."""
     from workflow_runs import with_lindecay
 
-    from dpace.training.objectives import OBJECTIVES
+    from dpace.objective_records import OBJECTIVES
 
     script = REPO / "workflow" / "scripts" / "train_drafter.py"
     report = REPO / "workflow" / "scripts" / "render_artifact.py"
-    path = package_copy / "training" / "objectives.py"
-    source = path.read_text()
+    records_path, loss_path = package_copy / "objective_records.py", package_copy / "training" / "objectives.py"
+    records, loss = records_path.read_text(), loss_path.read_text()
 
-    def fingerprints(edited: str) -> dict[str, str]:
-        path.write_text(edited)
+    def fingerprints(edited_records: str, edited_loss: str) -> dict[str, str]:
+        records_path.write_text(edited_records)
+        loss_path.write_text(edited_loss)
         try:
             prints = {o: script_fingerprint(script, package_copy, objective=o) for o in OBJECTIVES}
-            if "lindecay" in edited:
+            if "lindecay" in edited_records:
                 prints["lindecay"] = script_fingerprint(script, package_copy, objective="lindecay")
             return {**prints, "report": script_fingerprint(report, package_copy)}
         finally:
-            path.write_text(source)
+            records_path.write_text(records)
+            loss_path.write_text(loss)
 
-    before = fingerprints(source)
+    before = fingerprints(records, loss)
     assert len(set(before.values())) == len(before)  # one fingerprint per objective
 
-    def changed(edited: str) -> set[str]:
-        after = fingerprints(edited)
+    def changed(edited_records: str = records, edited_loss: str = loss) -> set[str]:
+        after = fingerprints(edited_records, edited_loss)
         return {name for name in before if after[name] != before[name]} | (set(after) - set(before))
 
-    assert changed(with_lindecay(source)) == {"lindecay", "report"}
+    assert changed(*with_lindecay(records, loss)) == {"lindecay", "report"}
     dflash_formula = 'return torch.exp(-(positions - 1).clamp(min=0) / hparams["gamma"])'
-    assert changed(source.replace(dflash_formula, dflash_formula.replace('hparams["gamma"]', '(2 * hparams["gamma"])'))) \
-        == {"dflash", "report"}
-    # D-PACE's and D-PAKL's records name the same weight function.
+    assert changed(edited_loss=loss.replace(dflash_formula, dflash_formula.replace('hparams["gamma"]',
+                                                                                   '(2 * hparams["gamma"])'))) \
+        == {"dflash"}
+    # D-PACE's and D-PAKL's entries name the same weight function.
     full = 'return _dpace_weights(confidence, valid, hparams["alpha"], "full")'
-    assert changed(source.replace(full, full.replace('hparams["alpha"]', 'hparams["alpha"] / 2'))) \
-        == {"dpace", "dpakl", "report"}
+    assert changed(edited_loss=loss.replace(full, full.replace('hparams["alpha"]', 'hparams["alpha"] / 2'))) \
+        == {"dpace", "dpakl"}
     # A record's own fields are its code too; the code every objective shares reruns every drafter.
-    assert changed(source.replace('aliases=("dpace-cumulative-confidence-only",), ', "")) == {"dpace-cumulative", "report"}
+    assert changed(records.replace('aliases=("dpace-cumulative-confidence-only",), ', "")) \
+        == {"dpace-cumulative", "report"}
+    assert changed(edited_loss=loss.replace('"dpakl": _dpace_full_weights', '"dpakl": _dpace_cumulative_weights')) \
+        == {"dpakl"}
     shared = "smoothed = (1.0 - alpha) * confidence + alpha"
-    assert changed(source.replace(shared, "smoothed = (1.0 - alpha) * confidence + alpha * 1.0")) == set(before)
+    assert changed(edited_loss=loss.replace(shared, "smoothed = (1.0 - alpha) * confidence + alpha * 1.0")) \
+        == set(before) - {"report"}
+    shared_record = 'if "k" in resolved:'
+    assert changed(records.replace(shared_record, 'if "k" in resolved.keys():')) == set(before)
     # A comment is not code: it reruns nothing that is fingerprinted per objective.
-    assert changed(source.replace("# Views of the registry", "# Views (all of them) of the registry")) == {"report"}
+    assert changed(records.replace("# Views of the registry", "# Views (all of them) of the registry")) == {"report"}
 
 
 def test_a_weight_function_that_calls_another_objectives_owns_it_too():

@@ -1,7 +1,7 @@
 """A new objective is one record plus its weight function: every table and figure that lists objectives shows it.
 
-``lindecay`` (w_j = 1 - (j-1)/B, a linear position decay) is registered in a temporary copy of the registry
-(monkeypatch) and given runs in the hand-made metrics of experiments main, ablation and extras; Table 1,
+``lindecay`` (w_j = 1 - (j-1)/B, a linear position decay) is registered in temporary copies of the registry and
+of the weight functions (monkeypatch) and given runs in the hand-made metrics of experiments main, ablation and extras; Table 1,
 Table 3, Figure 3c and the extras table must show its row, in its record's rank, with its record's label,
 colour and caption wording. An objective a table cannot show (no record, no colour, no caption wording) is an
 error that names it, never a dropped row.
@@ -16,12 +16,14 @@ import pandas as pd
 import pytest
 import torch
 
+from dpace import objective_records
+from dpace.objective_records import Objective
 from dpace.report import figures
 from dpace.report.tables.ablation import table_ablation
 from dpace.report.tables.averages import table_objectives_extra
 from dpace.report.tables.main import table_main
 from dpace.training import objectives
-from dpace.training.objectives import Objective, block_loss
+from dpace.training.objectives import block_loss
 
 
 def lindecay_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits):
@@ -30,13 +32,14 @@ def lindecay_weights(hparams, confidence, valid, draft_logits, target_ids, targe
     return (1 - (positions - 1).clamp(min=0) / valid.shape[-1]) * valid.to(confidence.dtype)
 
 
-LINDECAY = Objective("lindecay", "Linear decay", {}, "weight", lindecay_weights, table_rank=2, color="#bcbd22",
+LINDECAY = Objective("lindecay", "Linear decay", {}, "weight", table_rank=2, color="#bcbd22",
                      caption="weights position $j$ by $1-(j-1)/B$")
 
 
 @pytest.fixture
 def lindecay(monkeypatch):
-    monkeypatch.setitem(objectives.REGISTRY, "lindecay", LINDECAY)
+    monkeypatch.setitem(objective_records.REGISTRY, "lindecay", LINDECAY)
+    monkeypatch.setitem(objectives.WEIGHTS, "lindecay", lindecay_weights)
     return LINDECAY
 
 
@@ -132,9 +135,9 @@ def test_an_objective_without_a_record_is_an_error_naming_it(artifact, metrics):
 
 def test_an_objective_without_colour_or_caption_wording_is_an_error_naming_it(monkeypatch, metrics):
     frame = with_runs_of(metrics, "lindecay", {"ablation": "dpace-cumulative"}, 0.0)
-    monkeypatch.setitem(objectives.REGISTRY, "lindecay", dataclasses.replace(LINDECAY, color=None))
+    monkeypatch.setitem(objective_records.REGISTRY, "lindecay", dataclasses.replace(LINDECAY, color=None))
     with pytest.raises(ValueError, match="objective 'lindecay' has no colour"):
         figures.tau_trajectory_figure(frame)
-    monkeypatch.setitem(objectives.REGISTRY, "lindecay", dataclasses.replace(LINDECAY, caption=""))
+    monkeypatch.setitem(objective_records.REGISTRY, "lindecay", dataclasses.replace(LINDECAY, caption=""))
     with pytest.raises(ValueError, match="objective 'lindecay' has no caption wording"):
         table_ablation(frame)

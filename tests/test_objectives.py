@@ -619,9 +619,9 @@ def test_one_registry_record_is_all_a_new_objective_needs(monkeypatch):
     def squared_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits):
         return (confidence**2 + hparams["alpha"]) * valid.to(confidence.dtype)
 
-    record = objectives.Objective("squared-q", "Squared q", {"alpha": 0.25}, "token", squared_weights,
-                                  aliases=("sq",), table_rank=7)
+    record = objectives.Objective("squared-q", "Squared q", {"alpha": 0.25}, "token", aliases=("sq",), table_rank=7)
     monkeypatch.setitem(objectives.REGISTRY, "squared-q", record)
+    monkeypatch.setitem(objectives.WEIGHTS, "squared-q", squared_weights)
 
     draft_logits, target_ids, valid, _ = make_inputs(5)
     loss, diagnostics = block_loss("sq", draft_logits=draft_logits, target_ids=target_ids, valid=valid)
@@ -643,9 +643,10 @@ def test_one_registry_record_is_all_a_new_objective_needs(monkeypatch):
 
 
 def test_registry_views_agree_with_the_records():
+    from dpace.training import objectives
     from dpace.training.objectives import OBJECTIVE_ALIASES
 
-    assert OBJECTIVES == tuple(REGISTRY)
+    assert OBJECTIVES == tuple(REGISTRY) == tuple(objectives.WEIGHTS)  # every record has its weight function
     assert NEEDS_TARGET_LOGITS == {name for name, record in REGISTRY.items() if record.needs_target_logits}
     assert {name: canonical_objective(alias) for alias, name in OBJECTIVE_ALIASES.items()} == {
         name: name for name in OBJECTIVE_ALIASES.values()}

@@ -318,18 +318,19 @@ REPORT_RULES = {"experiment_metrics", "experiment_training", "local_blocks", "re
 
 
 def test_a_new_objective_reruns_only_itself(smoke_run, tmp_path):
-    """Issue 44: on a finished results/, a new objective (docs/objectives.md's recipe: one weight function, one
-    record, one config line) in a scratch copy of the code plans its own drafter and evaluations plus the
+    """Issue 44: on a finished results/, a new objective (docs/objectives.md's recipe: one record, one weight
+    function and its entry, one config line) in a scratch copy of the code plans its own drafter and evaluations plus the
     reports, and nothing of the other objectives; an edit to DFlash's formula retrains DFlash's drafters only."""
     from dpace.config import all_variants
 
     workdir, _ = smoke_run
     repo = tmp_path / "repo"
     shutil.copytree(REPO, repo, ignore=shutil.ignore_patterns(".git", "results", ".snakemake", "__pycache__", "tests"))
-    objectives = repo / "dpace" / "training" / "objectives.py"
-    source = objectives.read_text()
+    records, objectives = repo / "dpace" / "objective_records.py", repo / "dpace" / "training" / "objectives.py"
+    record_source, source = records.read_text(), objectives.read_text()
 
-    def dry_run(code: str, **overrides) -> subprocess.CompletedProcess:
+    def dry_run(code: str, record_code: str = record_source, **overrides) -> subprocess.CompletedProcess:
+        records.write_text(record_code)
         objectives.write_text(code)
         command = [sys.executable, "-m", "snakemake", "-s", str(repo / "Snakefile"), "-d", str(workdir),
                    "--configfile", str(write_config(tmp_path, **overrides)), "--replace-workflow-config",
@@ -342,7 +343,8 @@ def test_a_new_objective_reruns_only_itself(smoke_run, tmp_path):
     assert set(planned_jobs(dry_run(source))) <= {"findings", "all"}
 
     extras = [*SMOKE["experiments"]["extras"]["objectives"], "lindecay"]
-    added = dry_run(with_lindecay(source), **{"experiments.extras.objectives": extras})
+    new_records, new_source = with_lindecay(record_source, source)
+    added = dry_run(new_source, new_records, **{"experiments.extras.objectives": extras})
     jobs = planned_jobs(added)
     assert jobs["train_drafter"] == 1 and jobs["evaluate"] >= 1 and set(jobs) <= {"train_drafter", "evaluate",
                                                                                      "all", *REPORT_RULES}, jobs

@@ -72,19 +72,25 @@ def _lindecay_weights(hparams, confidence, valid, draft_logits, target_ids, targ
     positions = torch.arange(valid.shape[-1], device=valid.device, dtype=confidence.dtype)
     return (1 - (positions - 1).clamp(min=0) / valid.shape[-1]) * valid.to(confidence.dtype)
 '''
+LINDECAY_WEIGHTS = '''
+    "lindecay": _lindecay_weights,
+}'''
 LINDECAY_RECORD = '''
-    Objective("lindecay", "Linear decay", {}, "weight", _lindecay_weights, table_rank=2, color="#bcbd22",
+    Objective("lindecay", "Linear decay", {}, "weight", table_rank=2, color="#bcbd22",
               caption="weights position $j$ by $1-(j-1)/B$"),
 )}'''
 
 
-def with_lindecay(source: str) -> str:
-    """dpace/training/objectives.py's ``source`` with docs/objectives.md's recipe applied for ``lindecay``: one weight
-    function above the registry, one record at its end."""
-    registry = source.index("# --------------------------------------------------------------------------- the registry")
-    source = source[:registry] + LINDECAY_FUNCTION.lstrip("\n") + "\n\n" + source[registry:]
-    end = source.index("\n)}", source.index("REGISTRY: dict[str, Objective]"))
-    return source[:end] + LINDECAY_RECORD + source[end + len("\n)}"):]
+def with_lindecay(records: str, objectives: str) -> tuple[str, str]:
+    """dpace/objective_records.py's ``records`` and dpace/training/objectives.py's ``objectives`` with
+    docs/objectives.md's recipe applied for ``lindecay``: one record at the registry's end, one weight function
+    above ``WEIGHTS`` and its entry at the end of ``WEIGHTS``."""
+    end = records.index("\n)}", records.index("REGISTRY: dict[str, Objective]"))
+    records = records[:end] + LINDECAY_RECORD + records[end + len("\n)}"):]
+    weights = objectives.index("# Each objective's weight function")
+    objectives = objectives[:weights] + LINDECAY_FUNCTION.lstrip("\n") + "\n\n" + objectives[weights:]
+    end = objectives.index("\n}", objectives.index("WEIGHTS: dict["))
+    return records, objectives[:end] + LINDECAY_WEIGHTS + objectives[end + len("\n}"):]
 
 
 SMOKE = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())

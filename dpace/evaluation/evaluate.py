@@ -73,6 +73,7 @@ from dpace.evaluation.replay import (
     replay_turn,
     target_features,
 )
+from dpace.features import default_target_layer_ids
 from dpace.io import (
     JsonlAppender,
     atomic_write_json,
@@ -83,7 +84,7 @@ from dpace.io import (
     read_partial_jsonl,
 )
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids, target_checksum
-from dpace.training.drafter import check_drafter_matches_target, default_target_layer_ids, load_drafter
+from dpace.training.drafter import check_drafter_matches_target, load_drafter
 
 
 def _seed_for(seed: int, *parts) -> int:

@@ -28,9 +28,9 @@ from matplotlib.figure import Figure
 
 from dpace.experiments import ARTIFACTS, FIGURES
 from dpace.io import atomic_file
+from dpace.objective_records import REGISTRY
 from dpace.report import metrics_frame
 from dpace.report.latex import BENCHMARK_LABELS
-from dpace.training.objectives import REGISTRY
 
 __all__ = [
     "STYLE",
@@ -62,7 +62,7 @@ STYLE: dict[str, object] = {
     "svg.fonttype": "none",
 }
 PNG_DPI = 150
-# Each objective's colour is in its record (dpace.training.objectives.REGISTRY).
+# Each objective's colour is in its record (dpace.objective_records.REGISTRY).
 DFLASH_COLOR = REGISTRY["dflash"].color
 DPACE_COLOR = REGISTRY["dpace"].color
 _WEIGHT_COL = re.compile(r"^w_(\d+)$")
@@ -72,7 +72,7 @@ def objective_color(objective: str) -> str:
     """The colour of an objective's lines, from its record; one without a colour is an error naming it."""
     record = metrics_frame.objective_record_of(objective)
     if not record.color:
-        raise ValueError(f"objective {objective!r} has no colour in its record (dpace.training.objectives.REGISTRY, field "
+        raise ValueError(f"objective {objective!r} has no colour in its record (dpace.objective_records.REGISTRY, field "
                          "color): no figure can draw it")
     return record.color
 

@@ -29,7 +29,7 @@ BENCHMARK_CATEGORIES: dict[str, str] = {
     "mt_bench": "Chat",
     "alpaca": "Chat",
 }
-# Row order, labels and caption wording come from each objective's record (dpace.training.objectives.REGISTRY), read
+# Row order, labels and caption wording come from each objective's record (dpace.objective_records.REGISTRY), read
 # when a table is rendered; which objectives a table shows comes from its experiment's rows (its config).
 # DFlash and D-PACE are the baseline and the method: captions name them in their own words.
 NAMED_IN_CAPTIONS: tuple[str, ...] = ("dflash", "dpace")
@@ -100,7 +100,7 @@ def describe_objectives(objectives: Iterable[str]) -> str:
         record = objective_record_of(objective)
         if not record.caption:
             raise ValueError(f"objective {objective!r} has no caption wording in its record "
-                             "(dpace.training.objectives.REGISTRY, field caption): no caption can introduce it")
+                             "(dpace.objective_records.REGISTRY, field caption): no caption can introduce it")
         parts.append(f"``{record.symbolic_label()}'' {record.caption}")
     return "; ".join(parts) + "." if parts else ""
 

@@ -15,7 +15,7 @@ import pandas as pd
 from scipy import stats
 
 from dpace.data import BENCHMARKS as BENCHMARK_LOADERS
-from dpace.training.objectives import REGISTRY, Objective
+from dpace.objective_records import REGISTRY, Objective
 
 # The benchmarks in the paper's column order: dpace.data's, which loads each (the schema's enum names the same).
 BENCHMARKS: tuple[str, ...] = tuple(BENCHMARK_LOADERS)
@@ -168,7 +168,7 @@ def objective_record_of(objective: str) -> Objective:
     """The registry record of an objective a table or figure is about to show; one without a record is an
     error naming it (a table never drops its row)."""
     if objective not in REGISTRY:
-        raise ValueError(f"objective {objective!r} has no record in dpace.training.objectives.REGISTRY: no table or figure "
+        raise ValueError(f"objective {objective!r} has no record in dpace.objective_records.REGISTRY: no table or figure "
                          f"can order, label or describe it (records: {', '.join(REGISTRY)})")
     return REGISTRY[objective]
 

@@ -1,2 +1,2 @@
-"""Stage 3, responses: the training conversations, answered by the target (``generation``: transformers on
-CPU, SGLang's offline engine on GPU) or imported where the target's answers were released (``conversations``)."""
+"""Stage 3, responses: the training conversations, answered by the target or imported where its answers were
+released (its modules: the module map in ``dpace/__init__.py``)."""

@@ -17,14 +17,6 @@ from dpace.io import atomic_folder
 from dpace.targets import GROUPED_KV_SDPA
 
 
-def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
-    """SpecForge's ``build_target_layer_ids``: features spread from layer 1 to L-3."""
-    if num_features == 1:
-        return [num_target_layers // 2]
-    start, end = 1, num_target_layers - 3
-    return [round(start + i * (end - start) / (num_features - 1)) for i in range(num_features)]
-
-
 def drafter_config(
     target_config: PretrainedConfig,
     *,

@@ -178,7 +178,7 @@ def initial_drafter_checksum(target, tokenizer, layer_ids: list[int]) -> float:
 def load_check_data(reference: dict, target, tokenizer):
     """The reference's sequences as features of ``target``; refuses a target or a drafter that starts from
     other weights than the reference's (another torch or transformers initialises them otherwise)."""
-    from dpace.training.drafter import default_target_layer_ids
+    from dpace.features import default_target_layer_ids
 
     layer_ids = default_target_layer_ids(target.config.num_hidden_layers, CHECK["num_target_features"])
     for name, checksum in (("target", target_checksum_of(target)),
@@ -205,7 +205,7 @@ def make_reference(path: Path, *, mirror: Path, tokenizer_dir=None, work_dir: Pa
                                max_new_tokens=CHECK["max_new_tokens"], seed=CHECK["seed"])
     import transformers
 
-    from dpace.training.drafter import default_target_layer_ids
+    from dpace.features import default_target_layer_ids
 
     layer_ids = default_target_layer_ids(target.config.num_hidden_layers, CHECK["num_target_features"])
     reference = {"command": COMMAND, "check": CHECK,

@@ -9,6 +9,7 @@ from collections.abc import Callable, Sequence
 import numpy as np
 import pandas as pd
 
+from dpace.objective_records import REGISTRY
 from dpace.report import latex
 from dpace.report.metrics_frame import (
     CONFIG,
@@ -25,7 +26,6 @@ from dpace.report.metrics_frame import (
     rows_at_temperature,
     target_label_of,
 )
-from dpace.training.objectives import REGISTRY
 
 NORMALIZATION_ORDER: tuple[str, ...] = ("batch", "anchor", "weight", "token", "default")
 

@@ -7,6 +7,7 @@ import math
 import numpy as np
 import pandas as pd
 
+from dpace.objective_records import DEFAULT_ALPHA
 from dpace.report import latex
 from dpace.report.metrics_frame import (
     CONFIG,
@@ -19,7 +20,6 @@ from dpace.report.metrics_frame import (
     rows_at_temperature,
     target_label_of,
 )
-from dpace.training.objectives import DEFAULT_ALPHA
 
 
 def table_smoothing(
