@@ -11,11 +11,9 @@ Imports nothing heavy: the Snakefile reads it while it parses.
 
 from __future__ import annotations
 
-import re
 from collections.abc import Callable, Iterable, Mapping
 from dataclasses import dataclass
-from pathlib import Path
-from typing import Any
+from typing import Any, NamedTuple
 
 
 @dataclass(frozen=True)
@@ -32,13 +30,18 @@ class Suite:
         return settings | ({"backend": self.backend} if self.backend else {})
 
 
-# MATH-500 at T = 0: the paper's setting for the per-epoch trajectory (Figure 3c) and for the per-block
-# records (Table 8, Figure 1a).
-MATH500_AT_T0 = {"benchmarks": ("math500",), "temperatures": (0.0,)}
+class Setting(NamedTuple):
+    benchmark: str
+    temperature: float
+
+
+# MATH-500 at T = 0: the paper's setting for the per-epoch trajectory (Table 3, Figure 3c) and for the per-block
+# records (Table 8, Figure 1a); the suites below decode it, the report's defaults select it.
+MATH500_AT_T0 = Setting("math500", 0.0)
 # Every epoch of the ablation run.
-TRAJECTORY = Suite("trajectory", **MATH500_AT_T0)
+TRAJECTORY = Suite("trajectory", (MATH500_AT_T0.benchmark,), (MATH500_AT_T0.temperature,))
 # Per-block q and tau when eval.backend is SGLang, which reports neither: the in-process decoder.
-BLOCKS = Suite("blocks", **MATH500_AT_T0, backend="local")
+BLOCKS = Suite("blocks", (MATH500_AT_T0.benchmark,), (MATH500_AT_T0.temperature,), backend="local")
 
 # What a renderer can be passed (``Artifact.arguments``): the experiments' metrics (seeds averaged) and
 # comparisons, Table 1's per-block and training records, the output paths, and "reference:<objective>",
@@ -215,27 +218,6 @@ EXTRA_SUITES: dict[str, Suite] = {suite.name: suite for suite in (
     *(spec.every_epoch for spec in EXPERIMENT_SPECS.values() if spec.every_epoch), BLOCKS)}
 # The experiment whose drafters the reference drafters are.
 REFERENCE_EXPERIMENT = "main"
-
-# Where the stages write under results/ (their fields are the rules' wildcards): one home for the rules, the
-# training and evaluation code and the scorecard.
-EPOCH_DIR = "epoch-{epoch}"  # one checkpoint of a drafter, in its drafter folder
-DRAFTER_DIR = "drafters/{target}/{variant}"
-DRAFTER_SUMMARY = f"{DRAFTER_DIR}/summary.json"
-BASELINE = "eval/{target}/autoregressive-baseline.jsonl"  # the target decoding alone, once per target
-# One evaluation's summary: rule evaluate's output, what an experiment's metrics ask for (common.smk), and what
-# they parse back (eval_location).
-EVAL_SUMMARY = f"eval/{{target}}/{{variant}}/{EPOCH_DIR}/{{suite}}/summary.json"
-_EVAL_SUMMARY_PATTERN = re.compile(
-    r"(?:^|/)" + re.sub(r"\\\{(\w+)\\\}", lambda field: rf"(?P<{field.group(1)}>[^/]+)", re.escape(EVAL_SUMMARY)) + "$")
-
-
-def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
-    """``results/<EVAL_SUMMARY>`` -> (target, variant, epoch, suite)."""
-    match = _EVAL_SUMMARY_PATTERN.search(Path(summary_path).as_posix())
-    if match is None:
-        raise ValueError(f"{summary_path} is not an evaluation summary (results/{EVAL_SUMMARY})")
-    return match["target"], match["variant"], int(match["epoch"]), match["suite"]
-
 
 def _field(drafter: Any, key: str):
     return drafter[key] if isinstance(drafter, Mapping) else getattr(drafter, key)

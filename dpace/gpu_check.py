@@ -179,7 +179,7 @@ def stage_times(workdir: Path) -> dict[str, float]:
 
 def eval_results(workdir: Path) -> list[dict]:
     """Mean tau and SR over benchmarks per (variant, temperature), from every evaluation summary."""
-    from dpace.experiments import eval_location
+    from dpace.paths import eval_location
 
     out = []
     for path in sorted((workdir / "results" / "eval").rglob("summary.json")):

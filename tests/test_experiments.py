@@ -15,16 +15,9 @@ import yaml
 from workflow_runs import snakemake, write_config
 
 from dpace.config import Variant, all_variants, with_schema_defaults
-from dpace.experiments import (
-    ARTIFACTS,
-    EVAL_SUMMARY,
-    FIGURES,
-    RENDERER_INPUTS,
-    TABLES,
-    eval_location,
-    reference_drafter,
-)
+from dpace.experiments import ARTIFACTS, FIGURES, RENDERER_INPUTS, TABLES, reference_drafter
 from dpace.fingerprint import script_modules
+from dpace.paths import EVAL_SUMMARY, eval_location
 from dpace.report import figures, tables
 from dpace.report.render import render_artifact, renderer
 

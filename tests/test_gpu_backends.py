@@ -742,7 +742,7 @@ def test_gpu_check_quick_cut_takes_a_tokenizer_folder_and_plans_few_jobs(tmp_pat
 
 
 def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):
-    from dpace.experiments import eval_location
+    from dpace.paths import eval_location
 
     gpu_check = _gpu_check_module()
     path = tmp_path / "results" / "eval" / "tiny" / "dpace-alpha0.5-d1-b4-e2" / "epoch-2" / "full" / "summary.json"

@@ -9,8 +9,8 @@ from pathlib import Path
 
 import pandas as pd
 
-from dpace.experiments import eval_location
 from dpace.io import atomic_write_text
+from dpace.paths import eval_location
 from dpace.report.intervals import experiment_comparisons
 from dpace.training.training_records import read_steps, read_summary
 

@@ -26,7 +26,7 @@ import pandas as pd
 from matplotlib import colormaps, rc_context
 from matplotlib.figure import Figure
 
-from dpace.experiments import ARTIFACTS, FIGURES
+from dpace.experiments import ARTIFACTS, FIGURES, MATH500_AT_T0
 from dpace.io import atomic_file
 from dpace.objective_records import REGISTRY
 from dpace.report import metrics_frame
@@ -115,7 +115,7 @@ def tau_gain_bars(
     metrics: pd.DataFrame,
     *,
     experiments: Sequence[str] = ARTIFACTS["fig_motivation"].experiments,
-    temperature: float = 0.0,
+    temperature: float = MATH500_AT_T0.temperature,
     epoch: int | None = None,
 ) -> pd.DataFrame:
     """Average tau (over benchmarks) of DFlash and D-PACE per configuration (target, depth, B) of
@@ -163,8 +163,8 @@ def motivation_data(
     metrics: pd.DataFrame,
     *,
     variant: str | None = None,
-    benchmark: str | None = "math500",
-    temperature: float = 0.0,
+    benchmark: str | None = MATH500_AT_T0.benchmark,
+    temperature: float = MATH500_AT_T0.temperature,
     n_bins: int = 12,
     experiments: Sequence[str] = ARTIFACTS["fig_motivation"].experiments,
     epoch: int | None = None,
@@ -371,7 +371,7 @@ def fig_weight_dynamics(
 
 
 def tau_trajectory_figure(
-    metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0
+    metrics: pd.DataFrame, *, benchmark: str = MATH500_AT_T0.benchmark, temperature: float = MATH500_AT_T0.temperature
 ) -> Figure:
     """Figure 3 (c): ``benchmark`` tau at ``temperature`` over epochs for the ablation variants."""
     traj = metrics_frame.ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)

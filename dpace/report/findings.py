@@ -40,6 +40,7 @@ import yaml
 from scipy import stats
 
 from dpace.io import atomic_write_text
+from dpace.paths import EVAL_SUMMARY
 from dpace.report.intervals import _prompt_sums, paired_contrast
 from dpace.report.scale import gain_slope
 from dpace.report.timing import ratio_of_means, window_means
@@ -383,8 +384,8 @@ def _filtered(frame: pd.DataFrame, where: dict) -> pd.DataFrame:
 
 def _requests(results: Path, row: pd.Series, benchmarks: Sequence[str] | None) -> dict[str, list]:
     """One evaluation's per-request records by benchmark at the row's temperature (its ``summary.json``)."""
-    path = results / "eval" / str(row["target"]) / str(row["variant"]) / f"epoch-{int(row['epoch'])}" / str(
-        row["suite"]) / "summary.json"
+    path = results / EVAL_SUMMARY.format(target=row["target"], variant=row["variant"], epoch=int(row["epoch"]),
+                                         suite=row["suite"])
     if not path.exists():
         raise NotRun(f"{path.relative_to(results)} not built")
     out = {}

@@ -14,11 +14,10 @@ import numpy as np
 import pandas as pd
 from scipy import stats
 
-from dpace.data import BENCHMARKS as BENCHMARK_LOADERS
+from dpace.data import BENCHMARKS
+from dpace.experiments import MATH500_AT_T0
 from dpace.objective_records import REGISTRY, Objective
 
-# The benchmarks in the paper's column order: dpace.data's, which loads each (the schema's enum names the same).
-BENCHMARKS: tuple[str, ...] = tuple(BENCHMARK_LOADERS)
 CONFIG: tuple[str, ...] = ("target", "depth", "block_size")
 METRIC_COLUMNS: tuple[str, ...] = (
     "target",
@@ -92,7 +91,7 @@ def check_unique(df: pd.DataFrame, cols: Sequence[str], what: str) -> None:
 def present_benchmarks(df: pd.DataFrame) -> list[str]:
     """Benchmarks of ``df`` in the paper's order (unknown ones after, sorted)."""
     present = set(map(str, df["benchmark"].dropna().unique()))
-    known = [b for b in BENCHMARKS if b in present]
+    known = [b for b in BENCHMARKS if b in present]  # dpace.data's order: the paper's columns
     return known + sorted(present - set(BENCHMARKS))
 
 
@@ -241,7 +240,7 @@ def k_of(df: pd.DataFrame, objective: str) -> object:
 
 
 def ablation_trajectories(
-    metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0
+    metrics: pd.DataFrame, *, benchmark: str = MATH500_AT_T0.benchmark, temperature: float = MATH500_AT_T0.temperature
 ) -> pd.DataFrame:
     """Long frame (config, objective, epoch, tau) of the ablation runs on ``benchmark`` at
     ``temperature`` (experiment ``ablation``, every objective it trained; DFlash / D-PACE borrowed from
@@ -263,8 +262,8 @@ def select_blocks(
     blocks: pd.DataFrame,
     *,
     variant: str | None = None,
-    benchmark: str | None = "math500",
-    temperature: float | None = 0.0,
+    benchmark: str | None = MATH500_AT_T0.benchmark,
+    temperature: float | None = MATH500_AT_T0.temperature,
     epoch: int | None = None,
 ) -> pd.DataFrame:
     """Per-block records of one variant on ``benchmark`` at ``temperature`` (None: no filter).

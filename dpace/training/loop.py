@@ -25,6 +25,7 @@ from tqdm import tqdm
 from dpace.features import FeatureSet, answer_feature_rms, load_features, target_hidden_states
 from dpace.gpus import device_clock
 from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, input_checksum, read_partial_jsonl
+from dpace.paths import EPOCH_DIR
 from dpace.targets import load_target, native_bf16, target_checksum
 from dpace.training.draft_vocab import select_draft_vocab
 from dpace.training.drafter import (
@@ -367,7 +368,7 @@ def _train(run: TrainingRun, out_dir: Path, stop_after_steps: int | None) -> boo
             run.epoch, run.step_in_epoch = run.epoch + 1, 0
             drafter = run.drafter
             save_drafter(drafter if run.feature_scale is None else with_raw_feature_input(drafter, run.feature_scale),
-                         out_dir / f"epoch-{run.epoch}")
+                         out_dir / EPOCH_DIR.format(epoch=run.epoch))
             run.save_state()
     finally:
         progress.close()

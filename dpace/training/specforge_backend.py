@@ -58,6 +58,7 @@ from pathlib import Path
 import yaml
 
 from dpace.io import atomic_file, atomic_folder, atomic_write_text
+from dpace.paths import EPOCH_DIR
 from dpace.training.training_records import run_summary, step_row, write_records
 
 ALGORITHM_NAME = "dpace"
@@ -635,7 +636,7 @@ def train_with_specforge(
         if not checkpoint.exists():
             raise RuntimeError(f"SpecForge wrote no checkpoint for epoch {epoch} (expected {checkpoint})")
         # Exported into a temporary folder that replaces a previous attempt's export only when complete.
-        with atomic_folder(out_dir / f"epoch-{epoch}") as target:
+        with atomic_folder(out_dir / EPOCH_DIR.format(epoch=epoch)) as target:
             target.rmdir()  # the exporter makes its output folder itself
             code, _ = _run([*cli_prefix(), "export", "--to", "hf", "--checkpoint", str(checkpoint),
                             "--draft-config", str(draft_config), "--output-dir", str(target)], log)

@@ -17,12 +17,10 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
+from dpace.paths import BASELINE, DRAFTER_SUMMARY, EVAL_SUMMARY
 from dpace.experiments import (
     ARTIFACTS,
-    BASELINE,
     BLOCKS,
-    DRAFTER_SUMMARY,
-    EVAL_SUMMARY,
     EXPERIMENT_SPECS,
     EXTRA_SUITES,
     FIGURES,

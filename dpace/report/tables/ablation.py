@@ -5,6 +5,7 @@ from __future__ import annotations
 import numpy as np
 import pandas as pd
 
+from dpace.experiments import MATH500_AT_T0
 from dpace.report import latex
 from dpace.report.metrics_frame import (
     ablation_trajectories,
@@ -16,7 +17,7 @@ from dpace.report.metrics_frame import (
 )
 
 
-def table_ablation(metrics: pd.DataFrame, *, benchmark: str = "math500", temperature: float = 0.0) -> str:
+def table_ablation(metrics: pd.DataFrame, *, benchmark: str = MATH500_AT_T0.benchmark, temperature: float = MATH500_AT_T0.temperature) -> str:
     """Table 3 (``tab:ablation-trajectory``): MATH-500 tau at T=0 per epoch for each objective of experiment
     ``ablation`` (the paper: DFlash, continuation-only, cumulative-only, D-PACE); best per epoch column bold."""
     traj = ablation_trajectories(metrics, benchmark=benchmark, temperature=temperature)

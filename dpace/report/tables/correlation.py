@@ -5,6 +5,7 @@ from __future__ import annotations
 
 import pandas as pd
 
+from dpace.experiments import MATH500_AT_T0
 from dpace.report import latex
 from dpace.report.metrics_frame import block_correlations, is_finite, select_blocks
 
@@ -24,8 +25,8 @@ def table_correlation(
     blocks: pd.DataFrame,
     *,
     variant: str | None = None,
-    benchmark: str | None = "math500",
-    temperature: float | None = 0.0,
+    benchmark: str | None = MATH500_AT_T0.benchmark,
+    temperature: float | None = MATH500_AT_T0.temperature,
     epoch: int | None = None,
 ) -> str:
     """Table 8 (``tab:correlation``): Spearman rho (and p) of ``sum_q`` and of the surrogate

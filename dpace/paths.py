@@ -1,0 +1,27 @@
+"""Where the stages write under ``results/``: one home for the rules (workflow/rules/*.smk), the training and
+evaluation code and the report. The patterns' fields are the rules' wildcards. Imports nothing: a job that writes
+one of these paths is not rerun by an edit to the registries.
+"""
+
+from __future__ import annotations
+
+import re
+from pathlib import Path
+
+EPOCH_DIR = "epoch-{epoch}"  # one checkpoint of a drafter, in its drafter folder
+DRAFTER_DIR = "drafters/{target}/{variant}"
+DRAFTER_SUMMARY = f"{DRAFTER_DIR}/summary.json"
+BASELINE = "eval/{target}/autoregressive-baseline.jsonl"  # the target decoding alone, once per target
+# One evaluation's summary: rule evaluate's output, what an experiment's metrics ask for (common.smk), and what
+# they parse back (eval_location).
+EVAL_SUMMARY = f"eval/{{target}}/{{variant}}/{EPOCH_DIR}/{{suite}}/summary.json"
+_EVAL_SUMMARY_PATTERN = re.compile(
+    r"(?:^|/)" + re.sub(r"\\\{(\w+)\\\}", lambda field: rf"(?P<{field.group(1)}>[^/]+)", re.escape(EVAL_SUMMARY)) + "$")
+
+
+def eval_location(summary_path: str | Path) -> tuple[str, str, int, str]:
+    """``results/<EVAL_SUMMARY>`` -> (target, variant, epoch, suite)."""
+    match = _EVAL_SUMMARY_PATTERN.search(Path(summary_path).as_posix())
+    if match is None:
+        raise ValueError(f"{summary_path} is not an evaluation summary (results/{EVAL_SUMMARY})")
+    return match["target"], match["variant"], int(match["epoch"]), match["suite"]
