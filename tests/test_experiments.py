@@ -87,3 +87,39 @@ def test_the_reference_drafter_is_the_shallowest_for_the_rules_and_the_renderers
     assert reference_drafter(rows[::-1], "dflash")["variant"] == "dflash-d2-b8-e1"
     with pytest.raises(ValueError, match=r"no 'dpakl' drafter in experiment 'main'"):
         reference_drafter(variants, "dpakl")
+
+
+def test_a_new_experiment_is_one_record_and_its_config_entry(monkeypatch, tmp_path):
+    """docs/objectives.md's "Adding an experiment": a record, a schema entry and a config entry give the new
+    experiment its drafters (shared with another experiment's where they train the same thing), its objectives'
+    default from the schema, and the config's checks."""
+    from dpace import experiments as registry
+    from dpace.config import ConfigError, experiments, validate_config
+    from dpace.experiments import ExperimentSpec, Request
+    from dpace.schema import SCHEMA
+
+    spec = ExperimentSpec("depth_sweep", lambda entry, config: [
+        Request(objective, "experiments.depth_sweep.depths", depth=int(depth))
+        for depth in entry["depths"] for objective in entry["objectives"]])
+    monkeypatch.setitem(registry.EXPERIMENT_SPECS, "depth_sweep", spec)
+    schema = yaml.safe_load(SCHEMA.read_text())
+    schema["properties"]["experiments"]["properties"]["depth_sweep"] = {
+        "type": "object", "additionalProperties": False, "required": ["depths"],
+        "properties": {"depths": {"type": "array", "minItems": 1, "items": {"type": "integer", "minimum": 1}},
+                       "objectives": {"type": "array", "items": {"type": "string"}, "default": ["dflash", "dpace"]}}}
+    schema_path = tmp_path / "schema.yaml"
+    schema_path.write_text(yaml.safe_dump(schema))
+
+    config = with_schema_defaults(yaml.safe_load(write_config(tmp_path).read_text()))
+    config["experiments"] = {"main": config["experiments"]["main"], "depth_sweep": {"depths": [1, 2]}}
+    validate_config(config, schema_path)
+    expanded = experiments(config)
+    sweep = [(v.objective, v.depth) for v in expanded["depth_sweep"].variants]
+    assert sweep == [("dflash", 1), ("dpace", 1), ("dflash", 2), ("dpace", 2)]
+    main_ids = {v.id for v in expanded["main"].variants}
+    depth = config["train"]["depth"]
+    assert {v.id for v in expanded["depth_sweep"].variants if v.depth == depth} <= main_ids  # one training job each
+
+    config["experiments"]["depth_sweep"] = {"depths": [1], "objectives": ["nothing"]}
+    with pytest.raises(ConfigError, match="experiments.depth_sweep.depths: unknown objective 'nothing'"):
+        experiments(config)
