@@ -13,8 +13,9 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    weight function beside the shared loss code), ``drafter`` (SpecForge DFlash draft models), ``online_model`` (the objective-aware
                    training wrapper), ``draft_vocab`` (the optional pruned draft vocabulary), ``train_config``
                    (the settings, from the config's train section), ``loop`` (the local training loop: check,
-                   set-up, loop, save), ``training_records`` (steps.jsonl and summary.json), ``specforge_backend``
-                   (training through SpecForge on GPUs), ``training_check`` (GPU training against the committed
+                   set-up, loop, save), ``training_records`` (steps.jsonl and summary.json), ``specforge_run`` (a
+                   SpecForge run as data: GPU split, run YAML, its inputs), ``specforge_backend`` (training
+                   through SpecForge on GPUs: our objectives registered, the run launched and exported), ``training_check`` (GPU training against the committed
                    CPU reference curve ``training_reference.json``)
 - ``evaluation/``  stage 6: ``decoding`` (speculative and autoregressive decoding with per-block records),
                    ``replay`` (tau replayed over the target's answers, checked against decoding), ``evaluate``

@@ -435,10 +435,11 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
     from specforge.application.composition import bind_run
 
     from dpace.config import all_variants
-    from dpace.training.specforge_backend import (
+    from dpace.training.specforge_backend import algorithm_registration
+    from dpace.training.specforge_run import (
         ALGORITHM_NAME,
         ObjectiveSpec,
-        algorithm_registration,
+        RunPaths,
         plan_topology,
         run_config,
         validate_run_config,
@@ -450,13 +451,14 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
     topology = plan_topology(["0", "1"], config["train"]["micro_batch_size"], config["train"]["grad_accumulation"])
     for (target, variant_id), variant in variants.items():
         settings = _settings(variant, config)
+        paths = RunPaths(run_id=variant_id, target_path=config["targets"][target]["source"],
+                         draft_config_path="/x/draft.json", prompts_path="/x/prompts.jsonl", output_dir="/x/out",
+                         control_dir="/x/control", cache_dir="/x/cache")
         run = run_config(
-            run_id=variant_id, target_path=config["targets"][target]["source"], draft_config_path="/x/draft.json",
-            prompts_path="/x/prompts.jsonl", output_dir="/x/out", control_dir="/x/control", cache_dir="/x/cache",
-            settings=settings, num_prompts=100_000, topology=topology,
-            mask_token_id=config["targets"][target]["mask_token_id"], ports=[30001, 30002, 30003, 30004],
-            max_length=config["features"]["max_seq_length"],
-            precision=config["train"]["precision"], attention_backend=config["train"]["attention_backend"],
+            paths=paths, settings={**settings, "precision": config["train"]["precision"],
+                                   "attention_backend": config["train"]["attention_backend"]},
+            num_prompts=100_000, topology=topology, mask_token_id=config["targets"][target]["mask_token_id"],
+            ports=[30001, 30002, 30003, 30004], max_length=config["features"]["max_seq_length"],
         )
         cfg = validate_run_config(run)  # SpecForge 0.2.0's own strict schema
         assert cfg.training.strategy == ALGORITHM_NAME and cfg.mode == "online"
@@ -478,7 +480,7 @@ def test_every_paper_variant_gives_a_valid_specforge_run():
 
 
 def test_topology_keeps_the_effective_batch():
-    from dpace.training.specforge_backend import plan_topology
+    from dpace.training.specforge_run import plan_topology
 
     assert plan_topology(["0", "1"], 2, 2).quantum == 4
     eight = plan_topology([str(i) for i in range(8)], 2, 2)
@@ -493,8 +495,9 @@ def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix"
 
     from dpace.features import load_features
     from dpace.targets import model_location
-    from dpace.training.specforge_backend import (
+    from dpace.training.specforge_run import (
         ObjectiveSpec,
+        RunPaths,
         accepted_prompts,
         plan_topology,
         run_config,
@@ -511,10 +514,11 @@ def _write_run(tmp_path, tiny_target_json, features_dir, objective="topk-prefix"
     settings = {"objective": objective, "objective_hparams": hparams or {}, "normalization": None, "depth": 2,
                 "block_size": 4, "epochs": 2, "num_anchors": 8, "learning_rate": 1e-3, "warmup_ratio": 0.04,
                 "max_grad_norm": 1.0, "objective_chunk_blocks": 0, "seed": 0}
-    run = run_config(run_id="v", target_path=path, draft_config_path=str(draft), prompts_path=str(tmp_path / "prompts.jsonl"),
-                     output_dir=str(tmp_path / "out"), control_dir=str(tmp_path / "control"),
-                     cache_dir=str(tmp_path / "cache"), settings=settings, num_prompts=num,
-                     topology=plan_topology(list(gpus), 2, 2), mask_token_id=0, max_length=256)
+    paths = RunPaths(run_id="v", target_path=path, draft_config_path=str(draft),
+                     prompts_path=str(tmp_path / "prompts.jsonl"), output_dir=str(tmp_path / "out"),
+                     control_dir=str(tmp_path / "control"), cache_dir=str(tmp_path / "cache"))
+    run = run_config(paths=paths, settings=settings, num_prompts=num, topology=plan_topology(list(gpus), 2, 2),
+                     mask_token_id=0, max_length=256)
     (tmp_path / "run.yaml").write_text(yaml.safe_dump(run))
     return tmp_path / "run.yaml", written, num
 
@@ -616,7 +620,8 @@ FAKE_SPECFORGE = textwrap.dedent('''
 
 def test_train_with_specforge_launches_exports_and_summarises(tmp_path, tiny_target_json, features_dir, monkeypatch):
     from dpace.features import load_features
-    from dpace.training.specforge_backend import OBJECTIVE_KEY, train_with_specforge
+    from dpace.training.specforge_backend import train_with_specforge
+    from dpace.training.specforge_run import OBJECTIVE_KEY
 
     script = tmp_path / "specforge"
     script.write_text(f"#!{sys.executable}\n" + FAKE_SPECFORGE)

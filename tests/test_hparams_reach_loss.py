@@ -197,10 +197,11 @@ def test_specforge_settings_reach_the_loss(monkeypatch, tmp_path, tiny_target_js
     settings = {"objective": objective, "objective_hparams": {name: TRIAL_VALUES[name]}, "normalization": None,
                 "depth": 1, "block_size": BLOCK_SIZE, "epochs": 1, "num_anchors": 6, "learning_rate": 1e-3,
                 "warmup_ratio": 0.04, "max_grad_norm": 1.0, "micro_batch_size": 1, "grad_accumulation": 1,
-                "objective_chunk_blocks": 0, "seed": 0, "weight_decay": 0.0}
+                "objective_chunk_blocks": 0, "seed": 0, "weight_decay": 0.0, "precision": "fp32",
+                "attention_backend": "sdpa"}
     with pytest.raises(RuntimeError, match="SpecForge training exited with code 1"):
         dpace.training.specforge_backend.train_with_specforge(
             settings, target_json=tiny_target_json, features_dir=features_dir, out_dir=tmp_path / "out",
-            scratch_dir=tmp_path / "scratch", gpus=["0", "1"], mask_token_id=0, max_length=256, precision="fp32",
-            attention_backend="sdpa", log=open(tmp_path / "log", "w"))
+            scratch_dir=tmp_path / "scratch", gpus=["0", "1"], mask_token_id=0, max_length=256,
+            log=open(tmp_path / "log", "w"))
     probe.check_first_forward(objective, name, TRIAL_VALUES[name])

@@ -614,7 +614,7 @@ def test_one_registry_record_is_all_a_new_objective_needs(monkeypatch):
     from dpace.config import experiments
     from dpace.report.latex import objective_label
     from dpace.training import objectives
-    from dpace.training.specforge_backend import ObjectiveSpec
+    from dpace.training.specforge_run import ObjectiveSpec
 
     def squared_weights(hparams, confidence, valid, draft_logits, target_ids, target_logits):
         return (confidence**2 + hparams["alpha"]) * valid.to(confidence.dtype)

@@ -48,56 +48,34 @@ import os
 import re
 import shlex
 import shutil
-import socket
 import subprocess
 import sys
 import time
-from dataclasses import asdict, dataclass, field, replace
+from dataclasses import asdict, replace
 from pathlib import Path
 
 import yaml
 
-from dpace.io import atomic_file, atomic_folder, atomic_write_text
+from dpace.io import atomic_folder, atomic_write_text
 from dpace.paths import EPOCH_DIR
+from dpace.training.specforge_run import (
+    ALGORITHM_NAME,
+    OBJECTIVE_KEY,
+    ObjectiveSpec,
+    RunPaths,
+    Topology,
+    accepted_prompts,
+    epoch_steps,
+    plan_topology,
+    run_config,
+    validate_run_config,
+    write_draft_config,
+    write_prompts,
+)
 from dpace.training.training_records import run_summary, step_row, write_records
-
-ALGORITHM_NAME = "dpace"
-OBJECTIVE_KEY = "dpace_objective"
-MIN_GPUS = 2
-
 
 # ---------------------------------------------------------------------------------------------
 # The objective as a SpecForge algorithm
-
-
-@dataclass(frozen=True)
-class ObjectiveSpec:
-    """Everything ``ObjectiveDFlashModel`` needs beyond SpecForge's own DFlash knobs."""
-
-    objective: str = "dflash"
-    hparams: dict = field(default_factory=dict)
-    normalization: str | None = None
-
-    def resolved(self, block_size: int) -> ObjectiveSpec:
-        from dpace.training.objectives import canonical_objective, resolve_hparams, resolve_normalization
-
-        objective = canonical_objective(self.objective)
-        hparams = resolve_hparams(objective, block_size, **self.hparams)
-        resolve_normalization(objective, self.normalization)
-        return ObjectiveSpec(objective, dict(hparams), self.normalization)
-
-    def to_dict(self) -> dict:
-        return asdict(self)
-
-    @classmethod
-    def from_dict(cls, data: dict) -> ObjectiveSpec:
-        return cls(data["objective"], dict(data.get("hparams") or {}), data.get("normalization"))
-
-    @property
-    def needs_target_logits(self) -> bool:
-        from dpace.training.objectives import objective_record
-
-        return objective_record(self.objective).needs_target_logits
 
 
 def algorithm_registration(spec: ObjectiveSpec):
@@ -106,9 +84,7 @@ def algorithm_registration(spec: ObjectiveSpec):
     Objectives that need the target's distribution also capture the target's last hidden state
     (SpecForge's DSpark capture layout and collator, ``target_last_hidden_states``).
     """
-    from specforge.algorithms.common.dflash_family_data import build_dspark_collator
     from specforge.algorithms.common.providers import make_registration
-    from specforge.algorithms.contracts import FeatureContract
     from specforge.algorithms.dflash import providers as dflash
 
     needs_target = spec.needs_target_logits
@@ -146,47 +122,52 @@ def algorithm_registration(spec: ObjectiveSpec):
                  "normalization": training_model.normalization}, sort_keys=True),
         }
 
-    base_spec = dflash.algorithm_spec()
-    contracts = base_spec.feature_contracts
+    spec_ = replace(dflash.algorithm_spec(), name=ALGORITHM_NAME)
     if needs_target:
-        def with_last(contract):
-            tensors = set(contract.required_tensors) | {"target_last_hidden_states"}
-            storage = contract.storage
-            if storage is not None:
-                storage = replace(storage, required_tensors=tensors)
-            return FeatureContract(
-                mode=contract.mode, modality=contract.modality, required_tensors=tensors,
-                allowed_target_representations={"hidden_state"}, default_target_representation="hidden_state",
-                storage=storage,
-            )
-        contracts = tuple(with_last(c) for c in contracts)
-    spec_ = replace(base_spec, name=ALGORITHM_NAME, feature_contracts=contracts)
-
+        spec_ = replace(spec_, feature_contracts=tuple(_with_last_hidden(c) for c in spec_.feature_contracts))
     base = dflash.algorithm_providers()
-    streaming = base.server_streaming
-    offline = base.offline
-    if needs_target:
-        streaming = tuple(
-            replace(s, capture_method="dspark", target_representation="hidden_state",
-                    layout=replace(s.layout, last_hidden_feature="target_last_hidden_states"),
-                    build_collator=build_dspark_collator)
-            for s in streaming
-        )
-        offline = tuple(
-            replace(o, build_collator=build_dspark_collator,
-                    capture_layout=replace(o.capture_layout, capture_method="dspark",
-                                           last_hidden_feature="target_last_hidden_states"))
-            for o in offline
-        )
     providers = replace(
         base,
         algorithm_name=ALGORITHM_NAME,
         step=replace(base.step, build=build_step, resume_contract=resume_contract),
         model=replace(base.model, build_training_model=build_training_model),
-        server_streaming=streaming,
-        offline=offline,
+        **(_dspark_capture(base) if needs_target else {}),
     )
     return make_registration(spec_, providers)
+
+
+def _with_last_hidden(contract):
+    """A DFlash feature contract that also captures the target's last hidden state."""
+    from specforge.algorithms.contracts import FeatureContract
+
+    tensors = set(contract.required_tensors) | {"target_last_hidden_states"}
+    storage = contract.storage
+    if storage is not None:
+        storage = replace(storage, required_tensors=tensors)
+    return FeatureContract(
+        mode=contract.mode, modality=contract.modality, required_tensors=tensors,
+        allowed_target_representations={"hidden_state"}, default_target_representation="hidden_state",
+        storage=storage,
+    )
+
+
+def _dspark_capture(base) -> dict:
+    """DFlash's streaming and offline providers with DSpark's capture layout and collator (the last hidden state)."""
+    from specforge.algorithms.common.dflash_family_data import build_dspark_collator
+
+    streaming = tuple(
+        replace(s, capture_method="dspark", target_representation="hidden_state",
+                layout=replace(s.layout, last_hidden_feature="target_last_hidden_states"),
+                build_collator=build_dspark_collator)
+        for s in base.server_streaming
+    )
+    offline = tuple(
+        replace(o, build_collator=build_dspark_collator,
+                capture_layout=replace(o.capture_layout, capture_method="dspark",
+                                       last_hidden_feature="target_last_hidden_states"))
+        for o in base.offline
+    )
+    return {"server_streaming": streaming, "offline": offline}
 
 
 def registry(spec: ObjectiveSpec):
@@ -209,225 +190,6 @@ def objective_of_run(config_path: str | Path) -> ObjectiveSpec:
     if OBJECTIVE_KEY not in data:
         raise ValueError(f"{draft_path} has no {OBJECTIVE_KEY!r} block (written by dpace.training.specforge_backend)")
     return ObjectiveSpec.from_dict(data[OBJECTIVE_KEY])
-
-
-# ---------------------------------------------------------------------------------------------
-# The run YAML
-
-
-@dataclass(frozen=True)
-class Topology:
-    capture_gpus: tuple[str, ...]
-    trainer_gpus: tuple[str, ...]
-    micro_batch_size: int
-    grad_accumulation: int
-
-    @property
-    def quantum(self) -> int:
-        """Samples per optimizer step, over all trainer ranks."""
-        return len(self.trainer_gpus) * self.micro_batch_size * self.grad_accumulation
-
-
-def plan_topology(gpus: list[str], micro_batch_size: int, grad_accumulation: int,
-                  capture_gpus: int | None = None) -> Topology:
-    """Split GPUs between capture servers and trainer ranks, keeping the effective batch."""
-    gpus = [str(g) for g in gpus]
-    if len(gpus) < MIN_GPUS:
-        raise ValueError(
-            f"train.backend=specforge needs at least {MIN_GPUS} GPUs (SpecForge's managed capture server and "
-            f"its trainer run on disjoint GPUs); this job has {len(gpus)} ({gpus}). On one GPU use train.backend=local."
-        )
-    if capture_gpus is None:
-        capture_gpus = int(os.environ.get("DPACE_SPECFORGE_CAPTURE_GPUS", 0)) or max(1, len(gpus) // 4)
-    capture_gpus = min(max(1, capture_gpus), len(gpus) - 1)
-    effective = micro_batch_size * grad_accumulation
-    available = len(gpus) - capture_gpus
-    ranks = max(d for d in range(1, effective + 1) if effective % d == 0 and d <= available)
-    per_rank = effective // ranks
-    micro = max(d for d in range(1, min(micro_batch_size, per_rank) + 1) if per_rank % d == 0)
-    return Topology(tuple(gpus[:capture_gpus]), tuple(gpus[capture_gpus:capture_gpus + ranks]), micro,
-                    per_rank // micro)
-
-
-def free_ports(count: int) -> list[int]:
-    sockets, ports = [], []
-    try:
-        for _ in range(count):
-            sock = socket.socket(socket.AF_INET, socket.SOCK_STREAM)
-            sock.bind(("127.0.0.1", 0))
-            sockets.append(sock)
-            ports.append(sock.getsockname()[1])
-    finally:
-        for sock in sockets:
-            sock.close()
-    return ports
-
-
-def run_config(
-    *,
-    run_id: str,
-    target_path: str,
-    draft_config_path: str,
-    prompts_path: str,
-    output_dir: str,
-    control_dir: str,
-    cache_dir: str,
-    settings: dict,
-    num_prompts: int,
-    topology: Topology,
-    mask_token_id: int,
-    ports: list[int] | None = None,
-    trust_remote_code: bool = False,
-    max_length: int = 2048,
-    attention_backend: str = "flex_attention",
-    precision: str = "bf16",
-    mem_fraction_static: float = 0.7,
-) -> dict:
-    """A SpecForge 0.2.0 run config (validated by ``specforge.config.schema.Config``) for one variant.
-
-    Depth, block size and target layers come from the draft config alone: SpecForge's
-    ``model.draft_num_hidden_layers`` override would also reset ``target_layer_ids`` to one feature
-    per draft layer, while the paper uses three target features at every depth.
-
-    ``settings`` holds the workflow's train settings: objective, objective_hparams, normalization,
-    depth, block_size, epochs, num_anchors, learning_rate, warmup_ratio, max_grad_norm,
-    objective_chunk_blocks, seed, weight_decay (SpecForge's AdamW has none: it must be 0).
-    """
-    if float(settings.get("weight_decay", 0.0) or 0.0) != 0.0:
-        raise ValueError("train.backend=specforge: SpecForge 0.2.0's optimizer has no weight decay; set "
-                         "train.weight_decay: 0")
-    spec = ObjectiveSpec(settings["objective"], settings.get("objective_hparams") or {},
-                         settings.get("normalization")).resolved(int(settings["block_size"]))
-    steps_per_epoch = num_prompts // topology.quantum
-    if steps_per_epoch < 1:
-        raise ValueError(f"{num_prompts} training sequences give no optimizer step per epoch at "
-                         f"{topology.quantum} sequences per step")
-    ports = ports or free_ports(3 + len(topology.capture_gpus))
-    training = {
-        "strategy": ALGORITHM_NAME,
-        "num_epochs": int(settings["epochs"]),
-        "batch_size": topology.micro_batch_size,
-        "accumulation_steps": topology.grad_accumulation,
-        "learning_rate": float(settings["learning_rate"]),
-        "lr_scheduler": "cosine",
-        "warmup_ratio": float(settings["warmup_ratio"]),
-        "max_grad_norm": float(settings["max_grad_norm"]),
-        "attention_backend": attention_backend,
-        "num_anchors": int(settings["num_anchors"]),
-        "objective_chunk_blocks": int(settings.get("objective_chunk_blocks") or 0),
-        "save_interval": steps_per_epoch,
-        "log_interval": 1,
-        "max_checkpoints": 0,
-        "seed": int(settings.get("seed", 0)),
-        "role": "auto",
-    }
-    # Informational only (the registered provider trains ``spec``), but SpecForge checks their ranges.
-    if "gamma" in spec.hparams:
-        training["loss_decay_gamma"] = float(spec.hparams["gamma"])
-    if "alpha" in spec.hparams:
-        training["dpace_alpha"] = float(spec.hparams["alpha"])
-    return {
-        "run_id": run_id,
-        "output_dir": output_dir,
-        "model": {
-            "target_model_path": target_path,
-            "draft_model_config": draft_config_path,
-            "trust_remote_code": bool(trust_remote_code),
-            # SpecForge trains on GPUs, where bf16 is native: "auto" is bf16 there.
-            "torch_dtype": {"bf16": "bfloat16", "fp32": "float32", "auto": "bfloat16"}[precision],
-            "mask_token_id": int(mask_token_id),
-            "sglang_mem_fraction_static": mem_fraction_static,
-        },
-        "data": {"prompts_path": prompts_path, "max_length": int(max_length), "cache_dir": cache_dir},
-        "training": training,
-        "tracking": {"report_to": "none"},
-        "deployment": {
-            "mode": "disaggregated",
-            "trainer": {"nnodes": 1, "nproc_per_node": len(topology.trainer_gpus)},
-            "disaggregated": {
-                "control_dir": control_dir,
-                "backend": "mooncake",
-                "managed_local": {
-                    "trainer_cuda_visible_devices": list(topology.trainer_gpus),
-                    "mooncake": {"rpc_port": ports[0], "metadata_port": ports[1], "metrics_port": ports[2]},
-                    "capture_servers": [
-                        {"port": port, "cuda_visible_devices": [gpu], "tp_size": 1}
-                        for port, gpu in zip(ports[3:], topology.capture_gpus, strict=True)
-                    ],
-                },
-            },
-        },
-    }
-
-
-def validate_run_config(run: dict):
-    """SpecForge's own schema check of a run config; returns the parsed ``Config``."""
-    from specforge.config.schema import Config, migrate_legacy_config
-
-    return Config.model_validate(migrate_legacy_config(run))
-
-
-def epoch_steps(run: dict, num_prompts: int) -> dict[int, int]:
-    """Optimizer step at the end of each epoch (the last one is where SpecForge's run ends)."""
-    from specforge.training.schedule import resolve_online_total_steps
-
-    training = run["training"]
-    epochs = int(training["num_epochs"])
-    total = resolve_online_total_steps(
-        num_prompts=num_prompts, prompt_epochs=epochs, dp_size=int(run["deployment"]["trainer"]["nproc_per_node"]),
-        batch_size=int(training["batch_size"]), accumulation_steps=int(training["accumulation_steps"]),
-    )
-    steps = {e: e * int(training["save_interval"]) for e in range(1, epochs)}
-    steps[epochs] = total
-    return steps
-
-
-# ---------------------------------------------------------------------------------------------
-# Inputs on disk
-
-
-def write_prompts(features_dir: str | Path, out_path: str | Path) -> int:
-    """Our tokenisation as SpecForge's pre-tokenised prompts; returns how many SpecForge accepts."""
-    from dpace.features import load_features
-
-    features = load_features(features_dir)
-    out_path = Path(out_path)
-    out_path.parent.mkdir(parents=True, exist_ok=True)
-    with atomic_file(out_path) as tmp, open(tmp, "w") as out:
-        for i in range(len(features)):
-            item = features.sequence(i)
-            out.write(json.dumps({"input_ids": [int(t) for t in item["input_ids"]],
-                                  "loss_mask": [int(m) for m in item["loss_mask"]]}) + "\n")
-    return len(features)
-
-
-def accepted_prompts(prompts_path: str | Path, max_length: int) -> int:
-    """How many pre-tokenised prompts SpecForge's own prompt builder keeps (length, DFlash's
-    minimum of 2 supervised tokens, consecutive supervised tokens)."""
-    from specforge.data.loss_mask import has_consecutive_supervised_tokens
-    from specforge.data.prompt_builder import prepare_prompt_tasks
-
-    return len(prepare_prompt_tasks(
-        str(prompts_path), None, chat_template=None, max_length=max_length, is_preformatted=False,
-        train_only_last_turn=False, cache_dir=None, cache_key=None, num_proc=None, min_loss_tokens=2,
-        loss_mask_filter=has_consecutive_supervised_tokens,
-    ))
-
-
-def write_draft_config(path: str | Path, target_config, *, depth: int, block_size: int, layer_ids: list[int],
-                       mask_token_id: int, spec: ObjectiveSpec) -> Path:
-    """The drafter's HF config (as the local backend builds it) plus the ``dpace_objective`` block."""
-    from dpace.training.drafter import drafter_config
-
-    config = drafter_config(target_config, depth=depth, block_size=block_size, target_layer_ids=layer_ids,
-                            mask_token_id=mask_token_id)
-    data = config.to_dict()
-    data["architectures"] = ["DFlashDraftModel"]
-    data["auto_map"] = {"AutoModel": "dflash.DFlashDraftModel"}
-    data[OBJECTIVE_KEY] = spec.to_dict()
-    path = Path(path)
-    atomic_write_text(path, json.dumps(data, indent=2, sort_keys=True))
-    return path
 
 
 # ---------------------------------------------------------------------------------------------
@@ -573,51 +335,21 @@ def train_with_specforge(
     mask_token: str | None = None,
     mask_token_id: int | None = None,
     max_length: int = 2048,
-    precision: str = "bf16",
-    attention_backend: str = "flex_attention",
     log=None,
 ) -> dict:
-    """Train one variant with SpecForge and write the workflow's drafter folder."""
-    from transformers import AutoConfig
-
-    from dpace.features import load_features
-    from dpace.targets import load_tokenizer, model_location
-
+    """Train one variant with SpecForge and write the workflow's drafter folder. ``settings``: the variant's and the
+    train section's settings (``run_config``; precision and attention_backend among them)."""
     log = log or sys.stdout
     topology = plan_topology(gpus, int(settings["micro_batch_size"]), int(settings["grad_accumulation"]))
     out_dir, scratch_dir = Path(out_dir), Path(scratch_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)
-    target_path, trust = model_location(target_json)
     if mask_token_id is None:
-        tokenizer = load_tokenizer(target_json)
-        mask_token_id = tokenizer.convert_tokens_to_ids(mask_token)
-        if not isinstance(mask_token_id, int) or mask_token_id == tokenizer.unk_token_id:
-            raise ValueError(f"mask_token {mask_token!r} is not a token of the target's tokenizer; "
-                             "give the target a mask_token_id")
+        mask_token_id = _mask_token_id(target_json, mask_token)
     spec = ObjectiveSpec(settings["objective"], settings.get("objective_hparams") or {},
                          settings.get("normalization")).resolved(int(settings["block_size"]))
-    features = load_features(features_dir)
-    target_config = AutoConfig.from_pretrained(target_path, trust_remote_code=trust)
-    draft_config = write_draft_config(scratch_dir / "draft_config.json", target_config,
-                                      depth=int(settings["depth"]), block_size=int(settings["block_size"]),
-                                      layer_ids=list(features.layer_ids), mask_token_id=int(mask_token_id),
-                                      spec=spec)
-    prompts = scratch_dir / "prompts.jsonl"
-    write_prompts(features_dir, prompts)
-    num_prompts = accepted_prompts(prompts, max_length)
-    attempt = time.strftime("%Y%m%d-%H%M%S")
-    output_dir = scratch_dir / "specforge"
-    run = run_config(
-        run_id=out_dir.name, target_path=str(target_path), draft_config_path=str(draft_config),
-        prompts_path=str(prompts), output_dir=str(output_dir), control_dir=str(scratch_dir / f"control-{attempt}"),
-        cache_dir=str(scratch_dir / "cache"), settings=settings, num_prompts=num_prompts, topology=topology,
-        mask_token_id=int(mask_token_id), trust_remote_code=trust, max_length=max_length,
-        precision=precision, attention_backend=attention_backend,
-    )
-    validate_run_config(run)
-    run_yaml = scratch_dir / "run.yaml"
-    atomic_write_text(run_yaml, yaml.safe_dump(run, sort_keys=False))
+    run_yaml, run, num_prompts = _write_run(settings, target_json, features_dir, out_dir.name, scratch_dir, topology,
+                                            spec, int(mask_token_id), max_length)
     log.write(f"specforge: {num_prompts} sequences, capture GPUs {list(topology.capture_gpus)}, trainer GPUs "
               f"{list(topology.trainer_gpus)}, micro-batch {topology.micro_batch_size} x accumulation "
               f"{topology.grad_accumulation} x ranks {len(topology.trainer_gpus)}\n")
@@ -628,29 +360,13 @@ def train_with_specforge(
     if code != 0:
         raise RuntimeError(f"SpecForge training exited with code {code}; see the log above and "
                            f"{run['deployment']['disaggregated']['control_dir']}/logs")
-    rows = parse_step_metrics(output)
-
     steps = epoch_steps(run, num_prompts)
-    for epoch, step in steps.items():
-        checkpoint = output_dir / f"{run['run_id']}-step{step}"
-        if not checkpoint.exists():
-            raise RuntimeError(f"SpecForge wrote no checkpoint for epoch {epoch} (expected {checkpoint})")
-        # Exported into a temporary folder that replaces a previous attempt's export only when complete.
-        with atomic_folder(out_dir / EPOCH_DIR.format(epoch=epoch)) as target:
-            target.rmdir()  # the exporter makes its output folder itself
-            code, _ = _run([*cli_prefix(), "export", "--to", "hf", "--checkpoint", str(checkpoint),
-                            "--draft-config", str(draft_config), "--output-dir", str(target)], log)
-            if code != 0:
-                raise RuntimeError(f"specforge export of {checkpoint} exited with code {code}")
-
-    # SpecForge's checkpoints hold fp32 masters and Adam moments (GBs each): keep only the exports.
-    for checkpoint in output_dir.glob(f"{run['run_id']}-step*"):
-        shutil.rmtree(checkpoint, ignore_errors=True)
+    _export_epochs(run, steps, out_dir, log)
 
     epochs = int(settings["epochs"])
     total = steps[epochs]
     per_epoch = int(run["training"]["save_interval"])
-    step_rows = [_step_row(row, per_epoch=per_epoch, total=total, epochs=epochs) for row in rows]
+    step_rows = [_step_row(row, per_epoch=per_epoch, total=total, epochs=epochs) for row in parse_step_metrics(output)]
     step_times = [r["step_time_s"] for r in step_rows if r["step_time_s"] is not None]
     time_per_step = sum(step_times) / len(step_times) if step_times else wall / total
     summary = run_summary(
@@ -675,11 +391,70 @@ def train_with_specforge(
     return summary
 
 
-__all__ = [
-    "ALGORITHM_NAME", "OBJECTIVE_KEY", "ObjectiveSpec", "Topology", "accepted_prompts", "algorithm_registration",
-    "cli_prefix", "epoch_steps", "main", "objective_of_run", "parse_step_metrics", "plan_topology", "registry",
-    "run_config", "train_with_specforge", "validate_run_config", "write_draft_config", "write_prompts",
-]
+def _mask_token_id(target_json: str | Path, mask_token: str | None) -> int:
+    from dpace.targets import load_tokenizer
+
+    tokenizer = load_tokenizer(target_json)
+    mask_token_id = tokenizer.convert_tokens_to_ids(mask_token)
+    if not isinstance(mask_token_id, int) or mask_token_id == tokenizer.unk_token_id:
+        raise ValueError(f"mask_token {mask_token!r} is not a token of the target's tokenizer; "
+                         "give the target a mask_token_id")
+    return mask_token_id
+
+
+def _write_run(settings: dict, target_json, features_dir, run_id: str, scratch_dir: Path, topology: Topology,
+               spec: ObjectiveSpec, mask_token_id: int, max_length: int) -> tuple[Path, dict, int]:
+    """The run's inputs in ``scratch_dir`` (draft config, prompts) and its YAML: (its path, the run, the number
+    of sequences SpecForge trains on)."""
+    from transformers import AutoConfig
+
+    from dpace.features import load_features
+    from dpace.targets import model_location
+
+    target_path, trust = model_location(target_json)
+    features = load_features(features_dir)
+    target_config = AutoConfig.from_pretrained(target_path, trust_remote_code=trust)
+    draft_config = write_draft_config(scratch_dir / "draft_config.json", target_config,
+                                      depth=int(settings["depth"]), block_size=int(settings["block_size"]),
+                                      layer_ids=list(features.layer_ids), mask_token_id=mask_token_id,
+                                      spec=spec)
+    prompts = scratch_dir / "prompts.jsonl"
+    write_prompts(features_dir, prompts)
+    num_prompts = accepted_prompts(prompts, max_length)
+    attempt = time.strftime("%Y%m%d-%H%M%S")
+    paths = RunPaths(run_id=run_id, target_path=str(target_path), draft_config_path=str(draft_config),
+                     prompts_path=str(prompts), output_dir=str(scratch_dir / "specforge"),
+                     control_dir=str(scratch_dir / f"control-{attempt}"), cache_dir=str(scratch_dir / "cache"))
+    run = run_config(paths=paths, settings=settings, num_prompts=num_prompts, topology=topology,
+                     mask_token_id=mask_token_id, trust_remote_code=trust, max_length=max_length)
+    validate_run_config(run)
+    run_yaml = scratch_dir / "run.yaml"
+    atomic_write_text(run_yaml, yaml.safe_dump(run, sort_keys=False))
+    return run_yaml, run, num_prompts
+
+
+def _export_epochs(run: dict, steps: dict[int, int], out_dir: Path, log) -> None:
+    """Each epoch's SpecForge checkpoint exported as the workflow's ``epoch-<e>/`` drafter; then the checkpoints
+    (fp32 masters and Adam moments, GBs each) are dropped."""
+    output_dir = Path(run["output_dir"])
+    draft_config = run["model"]["draft_model_config"]
+    for epoch, step in steps.items():
+        checkpoint = output_dir / f"{run['run_id']}-step{step}"
+        if not checkpoint.exists():
+            raise RuntimeError(f"SpecForge wrote no checkpoint for epoch {epoch} (expected {checkpoint})")
+        # Exported into a temporary folder that replaces a previous attempt's export only when complete.
+        with atomic_folder(out_dir / EPOCH_DIR.format(epoch=epoch)) as target:
+            target.rmdir()  # the exporter makes its output folder itself
+            code, _ = _run([*cli_prefix(), "export", "--to", "hf", "--checkpoint", str(checkpoint),
+                            "--draft-config", str(draft_config), "--output-dir", str(target)], log)
+            if code != 0:
+                raise RuntimeError(f"specforge export of {checkpoint} exited with code {code}")
+    for checkpoint in output_dir.glob(f"{run['run_id']}-step*"):
+        shutil.rmtree(checkpoint, ignore_errors=True)
+
+
+__all__ = ["algorithm_registration", "cli_prefix", "main", "objective_of_run", "parse_step_metrics", "registry",
+           "train_with_specforge"]
 
 
 if __name__ == "__main__":

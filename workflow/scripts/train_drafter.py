@@ -15,7 +15,7 @@ if params.backend == "specforge":
 
     with gpu_slot(gpus) as ids:
         summary = train_with_specforge(
-            {**params.train, **params.settings, "seed": params.seed},
+            {**params.train, **params.settings, "seed": params.seed},  # precision, attention_backend among them
             target_json=snakemake.input.target,
             features_dir=snakemake.input.features,
             out_dir=out_dir,
@@ -24,8 +24,6 @@ if params.backend == "specforge":
             mask_token=params.train["mask_token"],
             mask_token_id=mask_token_id,
             max_length=params.max_seq_length,
-            precision=params.train["precision"],
-            attention_backend=params.train["attention_backend"],
         )
 elif params.backend == "local":
     from dpace.training.loop import TrainConfig, train_drafter
