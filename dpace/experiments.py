@@ -31,6 +31,8 @@ class Suite:
 
 
 class Setting(NamedTuple):
+    """One benchmark at one temperature."""
+
     benchmark: str
     temperature: float
 
@@ -56,7 +58,7 @@ class Artifact:
 
     name: str  # results/<name>.tex for a table, results/<name>.pdf (and .png) for a figure
     experiments: tuple[str, ...]  # whose metrics (and comparisons) it reads, where configured
-    module: str  # the module of its renderer, under dpace.report
+    module: str  # the dotted module of its renderer (dpace.report.tables.main); render.py imports it
     arguments: tuple[str, ...] = ("metrics",)
 
     @property
