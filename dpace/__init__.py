@@ -10,13 +10,14 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
 - ``features``     stage 4: cached target hidden states for drafter training (and which target layers a
                    drafter reads)
 - ``training/``    stage 5: ``objectives`` (every training loss of the paper and extensions: each objective's
-                   weight function beside the shared loss code), ``drafter`` (SpecForge DFlash draft models), ``online_model`` (the objective-aware
-                   training wrapper), ``draft_vocab`` (the optional pruned draft vocabulary), ``train_config``
-                   (the settings, from the config's train section), ``loop`` (the local training loop: check,
-                   set-up, loop, save), ``training_records`` (steps.jsonl and summary.json), ``specforge_run`` (a
-                   SpecForge run as data: GPU split, run YAML, its inputs), ``specforge_backend`` (training
-                   through SpecForge on GPUs: our objectives registered, the run launched and exported), ``training_check`` (GPU training against the committed
-                   CPU reference curve ``training_reference.json``)
+                   weight function beside the shared loss code), ``drafter`` (SpecForge DFlash draft models),
+                   ``online_model`` (the objective-aware training wrapper), ``draft_vocab`` (the optional
+                   pruned draft vocabulary), ``train_config`` (the settings, from the config's train section),
+                   ``loop`` (the local training loop: check, set-up, loop, save), ``training_records``
+                   (steps.jsonl and summary.json), ``specforge_run`` (a SpecForge run as data: GPU split, run
+                   YAML, its inputs), ``specforge_backend`` (training through SpecForge on GPUs: our objectives
+                   registered, the run launched and exported), ``training_check`` (GPU training against the
+                   committed CPU reference curve ``training_reference.json``)
 - ``evaluation/``  stage 6: ``decoding`` (speculative and autoregressive decoding with per-block records),
                    ``replay`` (tau replayed over the target's answers, checked against decoding), ``evaluate``
                    (tau / speedup on the six benchmarks, the autoregressive baseline), ``eval_records`` (the
@@ -28,7 +29,8 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    of the paper's claims, ``workflow/claims.yaml``)
 - shared           ``config``, ``schema`` (the config's checks and its expansion into drafter variants; the
                    schema's defaults and enums), ``experiments`` (the registry of experiments: how each
-                   expands into drafters, its tables and figures with their renderers, the result paths),
+                   expands into drafters, its tables and figures with their renderers), ``paths`` (where
+                   each stage writes under results/),
                    ``objective_records`` (every objective's record: hyper-parameters, defaults, labels,
                    colours, captions; no torch), ``io`` (atomic files, jsonl), ``gpus`` (one locked GPU per
                    job, the SGLang install check), ``fingerprint`` (which modules a job runs),
