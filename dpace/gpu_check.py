@@ -326,7 +326,7 @@ def run_dag(config: Path, workdir: Path, target: str, *, cores, gpus: int, env: 
 MIN_TAU = 1.0
 
 
-def main(argv=None) -> int:
+def _parser() -> argparse.ArgumentParser:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--workdir", type=Path, default=None, help="Snakemake working folder (default: a new temp dir)")
     parser.add_argument("--mirror", type=Path, default=REPO.parent / "shared" / "data", help="offline data mirror")
@@ -346,7 +346,11 @@ def main(argv=None) -> int:
     parser.add_argument("--benchmark-timeout", type=int, default=120, help="seconds per benchmark")
     parser.add_argument("--embedded", action="store_true",
                         help="instead: Table 1 of workflow/configs/gpu-embedded.yaml (SmolLM2-135M; --cpu: its miniature)")
-    args = parser.parse_args(argv)
+    return parser
+
+
+def main(argv=None) -> int:
+    args = _parser().parse_args(argv)
 
     if args.save_tokenizer:
         from dpace.targets import save_embedded_tokenizer
