@@ -219,12 +219,13 @@ def compute_features(
     with atomic_folder(out_dir) as tmp_dir:  # shards and index appear together, or not at all
         return _write_shards(target, sequences, tmp_dir, mode=mode, layer_ids=layer_ids,
                              with_last_hidden=with_last_hidden, batch_size=batch_size,
-                             shard_tokens=shard_tokens, device=device, truncated=truncated,
-                             too_few_loss_tokens=too_few_loss_tokens)
+                             shard_tokens=shard_tokens, device=device,
+                             counts={"truncated": truncated, "skipped_too_few_loss_tokens": too_few_loss_tokens})
 
 
 def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_last_hidden, batch_size,
-                  shard_tokens, device, truncated, too_few_loss_tokens) -> dict:
+                  shard_tokens, device, counts: dict) -> dict:
+    """The shards and index of ``sequences``; ``counts``: how many conversations were truncated or skipped."""
     shards, pending, pending_tokens = [], [], 0
 
     def flush():
@@ -291,8 +292,7 @@ def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_las
         "shards": shards,
         "num_sequences": len(sequences),
         "num_tokens": sum(len(ids) for ids, _ in sequences),
-        "truncated": truncated,
-        "skipped_too_few_loss_tokens": too_few_loss_tokens,
+        **counts,
     }
     atomic_write_json(out_dir / "index.json", index)
     return index
