@@ -127,3 +127,58 @@ def test_the_baseline_job_times_its_decoding_under_the_machine_timing_lock(lock_
                    init_globals={"snakemake": baseline_adapter_snakemake(tmp_path)})
     assert seen == {"timing lock free while measuring": False}
 
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 6: names, shapes, pickles
+
+
+def smoke_config() -> dict:
+    import yaml
+
+    return yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
+
+
+def test_a_target_named_like_a_path_is_refused_naming_the_key():
+    from dpace.config import ConfigError, validate_config
+
+    config = smoke_config()
+    config["targets"] = {"../../escape": config["targets"]["tiny"]}
+    config["main_target"] = "../../escape"
+    with pytest.raises(ConfigError, match=r"targets: '\.\./\.\./escape' does not match"):
+        validate_config(config)
+
+
+@pytest.mark.parametrize(("key", "value", "message"), [
+    ("hidden_size", 66, r"targets\.tiny\.hidden_size: 66 does not divide into num_heads 4"),
+    ("num_kv_heads", 3, r"targets\.tiny\.num_heads: 4 does not divide into num_kv_heads 3"),
+])
+def test_attention_shapes_that_do_not_split_evenly_are_refused(key, value, message):
+    from dpace.config import ConfigError, validate_config
+
+    config = smoke_config()
+    config["targets"]["tiny"][key] = value
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config)
+
+
+class _RunsCode:
+    def __reduce__(self):
+        return (Path.touch, (Path(os.environ["DPACE_TEST_MARKER"]),))
+
+
+def test_a_training_state_with_pickled_code_is_refused_without_running_it(tmp_path, monkeypatch):
+    import torch
+
+    from dpace.training.loop import _load_state
+
+    marker = tmp_path / "code-ran"
+    monkeypatch.setenv("DPACE_TEST_MARKER", str(marker))
+    torch.save({"fingerprint": "x", "payload": _RunsCode()}, tmp_path / "state.pt")
+    with pytest.raises(ValueError, match=r"state\.pt: damaged or not a training state .*delete it and rerun"):
+        _load_state(tmp_path / "state.pt")
+    assert not marker.exists()
+    torch.save({"rng": torch.get_rng_state(), "step": 3}, tmp_path / "state.pt")
+    (tmp_path / "state.pt").write_bytes((tmp_path / "state.pt").read_bytes()[:100])  # truncated by a full disk
+    with pytest.raises(ValueError, match=r"state\.pt: damaged"):
+        _load_state(tmp_path / "state.pt")
