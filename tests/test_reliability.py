@@ -94,6 +94,17 @@ def test_a_longer_holder_record_is_overwritten_in_place_not_truncated(lock_env):
         assert path.stat().st_size == HOLDER_WIDTH
 
 
+class NamedPaths(list):
+    """Like Snakemake's input/output lists: the paths in order, and each by its name."""
+
+    def __init__(self, **paths):
+        super().__init__(paths.values())
+        self.__dict__.update(paths)
+
+    def get(self, key, default=None):
+        return self.__dict__.get(key, default)
+
+
 def baseline_adapter_snakemake(tmp_path) -> SimpleNamespace:
     params = SimpleNamespace(
         temperatures=[0.0], max_new_tokens=4, seed=0, sampled_prompts=1, records=str(tmp_path / "r.jsonl"),
@@ -182,3 +193,131 @@ def test_a_training_state_with_pickled_code_is_refused_without_running_it(tmp_pa
     (tmp_path / "state.pt").write_bytes((tmp_path / "state.pt").read_bytes()[:100])  # truncated by a full disk
     with pytest.raises(ValueError, match=r"state\.pt: damaged"):
         _load_state(tmp_path / "state.pt")
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 4: a damaged or malformed file fails naming its path and what to do, before it is used
+
+
+def test_a_damaged_evaluation_summary_fails_naming_it(tmp_path):
+    from dpace.report.collect import experiment_metrics
+
+    path = tmp_path / "eval" / "tiny" / "dflash-d1-b4-e2" / "epoch-2" / "full" / "summary.json"
+    path.parent.mkdir(parents=True)
+    path.write_text('[{"benchmark": "math500", "tau": ')  # a disk that filled up mid-write
+    variants = [{"target": "tiny", "variant": "dflash-d1-b4-e2", "experiment": "main", "objective": "dflash",
+                 "depth": 1, "block_size": 4}]
+    with pytest.raises(ValueError, match=rf"{path}:1: malformed JSON .*; delete it and rerun"):
+        experiment_metrics(variants, [str(path)])
+
+
+def test_a_data_row_that_is_not_utf8_fails_naming_file_and_line(tmp_path):
+    from dpace.data import benchmark_prompts
+
+    path = tmp_path / "benchmarks" / "mt_bench.jsonl"
+    path.parent.mkdir()
+    path.write_bytes(b'{"prompt": ["fine"]}\n{"prompt": ["caf\xe9"]}\n')  # latin-1, not UTF-8
+    with pytest.raises(ValueError, match=rf"{path}:2: not UTF-8 .*fix that row"):
+        benchmark_prompts("mt_bench", 2, seed=0, mirror=str(tmp_path))
+
+
+def test_a_truncated_feature_shard_fails_naming_it(tmp_path):
+    import torch
+    from safetensors.torch import save_file
+
+    from dpace.features import load_features
+    from dpace.io import atomic_write_json
+
+    shard = tmp_path / "shard-00000.safetensors"
+    save_file({"input_ids": torch.arange(100), "loss_mask": torch.ones(100), "offsets": torch.tensor([0, 100])}, shard)
+    atomic_write_json(tmp_path / "index.json", {"shards": [shard.name], "layer_ids": [1]})
+    shard.write_bytes(shard.read_bytes()[: shard.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"{shard}: damaged safetensors file .*delete {tmp_path} and rerun"):
+        load_features(tmp_path)
+
+
+def test_a_drafter_checkpoint_truncated_to_half_is_refused_naming_the_file(tmp_path):
+    from transformers import LlamaConfig
+
+    from dpace.training.drafter import build_drafter, drafter_config, load_drafter, save_drafter
+
+    target = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                         num_attention_heads=4, num_key_value_heads=2)
+    folder = tmp_path / "drafter" / "epoch-1"
+    save_drafter(build_drafter(drafter_config(target, depth=1, block_size=4, target_layer_ids=[1],
+                                              mask_token_id=95)), folder)
+    load_drafter(folder)
+    weights = folder / "model.safetensors"
+    weights.write_bytes(weights.read_bytes()[: weights.stat().st_size // 2])
+    with pytest.raises(ValueError, match=rf"{weights}: changed since the checkpoint was written.*delete "
+                                         rf"{folder.parent} and rerun"):
+        load_drafter(folder)
+
+
+def test_imported_conversations_given_as_a_string_fail_naming_the_row(tmp_path):
+    import json
+
+    from dpace.responses.conversations import import_conversations
+
+    source = tmp_path / "answers.jsonl"
+    source.write_text(json.dumps({"conversations": [{"from": "human", "value": "hi"},
+                                                    {"from": "gpt", "value": "hello"}]}) + "\n"
+                      + json.dumps({"conversations": "human: hi\ngpt: hello"}) + "\n")
+    with pytest.raises(ValueError, match=rf"{source} row 1: 'conversations' is a str, not a list of turns"):
+        import_conversations(str(source), tmp_path / "out.jsonl", num_conversations=2, seed=0)
+
+
+def test_a_failed_metrics_job_leaves_no_table_drawn_from_the_old_numbers(tmp_path, monkeypatch):
+    results = tmp_path / "results"
+    (results / "metrics").mkdir(parents=True)
+    for name in ("table_main.tex", "table_training_time.tex", "fig_motivation.pdf", "fig_motivation.png",
+                 "findings.md", "table_ablation.tex"):
+        (results / name).write_text("the previous run's\n")
+    summary = results / "eval" / "tiny" / "dflash-d1-b4-e2" / "epoch-2" / "full" / "summary.json"
+    summary.parent.mkdir(parents=True)
+    summary.write_text("[{")
+    metrics = results / "metrics"
+    job = SimpleNamespace(
+        params=SimpleNamespace(variants=[{"target": "tiny", "variant": "dflash-d1-b4-e2", "experiment": "main",
+                                          "objective": "dflash", "depth": 1, "block_size": 4}]),
+        input=SimpleNamespace(summaries=[str(summary)]), log=[str(tmp_path / "metrics.log")],
+        output=NamedPaths(metrics=str(metrics / "main.csv"), blocks=str(metrics / "main_blocks.csv"),
+                          comparisons=str(metrics / "main_comparisons.csv")),
+    )
+    monkeypatch.setattr(sys, "stdout", sys.stdout)
+    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    with pytest.raises(ValueError, match="summary.json:1: malformed JSON"):
+        runpy.run_path(str(REPO / "workflow/scripts/experiment_metrics.py"), init_globals={"snakemake": job})
+    assert sorted(p.name for p in results.iterdir() if p.is_file()) == ["table_ablation.tex"]  # not drawn from main
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 3: degenerate data is refused by name
+
+
+@pytest.mark.parametrize(("prompt", "message"), [
+    ("Compose an engaging travel blog post", r"mt_bench\.jsonl:2: turns must be a non-empty list of strings, not str"),
+    (["Hello", ""], r"mt_bench\.jsonl:2: turn\(s\) \[1\] empty or not strings"),
+    ([], r"mt_bench\.jsonl:2: turns must be a non-empty list"),
+])
+def test_a_benchmark_prompt_that_is_not_a_list_of_turns_is_refused_naming_the_row(tmp_path, prompt, message):
+    import json
+
+    from dpace.data import benchmark_prompts
+
+    (tmp_path / "benchmarks").mkdir()
+    (tmp_path / "benchmarks" / "mt_bench.jsonl").write_text(
+        json.dumps({"prompt": ["fine"]}) + "\n" + json.dumps({"prompt": prompt}) + "\n")
+    with pytest.raises(ValueError, match=message):
+        benchmark_prompts("mt_bench", 2, seed=0, mirror=str(tmp_path))
+
+
+def test_a_training_row_whose_conversations_is_a_string_is_refused_naming_it(tmp_path):
+    import json
+
+    from dpace.data import training_prompts
+
+    (tmp_path / "train").mkdir()
+    (tmp_path / "train" / "sharegpt.jsonl").write_text(json.dumps({"conversations": "human: hi"}) + "\n")
+    with pytest.raises(ValueError, match=r"sharegpt\.jsonl:1: 'conversations' is a str, not a list of turns"):
+        training_prompts("sharegpt", 1, seed=0, mirror=str(tmp_path))

@@ -57,7 +57,7 @@ from pathlib import Path
 
 import yaml
 
-from dpace.io import atomic_file, atomic_folder, atomic_write_text
+from dpace.io import atomic_file, atomic_folder, atomic_write_text, write_checksums
 from dpace.training.training_records import run_summary, step_row, write_records
 
 ALGORITHM_NAME = "dpace"
@@ -641,6 +641,7 @@ def train_with_specforge(
                             "--draft-config", str(draft_config), "--output-dir", str(target)], log)
             if code != 0:
                 raise RuntimeError(f"specforge export of {checkpoint} exited with code {code}")
+            write_checksums(target)
 
     # SpecForge's checkpoints hold fp32 masters and Adam moments (GBs each): keep only the exports.
     for checkpoint in output_dir.glob(f"{run['run_id']}-step*"):
