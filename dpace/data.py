@@ -165,7 +165,8 @@ def training_prompts(
         if len(prompts) == num_prompts:
             break
     if not prompts:
-        raise ValueError(f"training set {name!r} gave no usable prompts")
+        raise ValueError(f"training set {name!r} gave no usable prompts: {skipped['too_long']} longer than "
+                         f"data.max_prompt_chars={max_chars}, {skipped['no_user_turn']} without a user turn")
     return prompts, skipped
 
 

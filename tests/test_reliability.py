@@ -321,3 +321,13 @@ def test_a_training_row_whose_conversations_is_a_string_is_refused_naming_it(tmp
     (tmp_path / "train" / "sharegpt.jsonl").write_text(json.dumps({"conversations": "human: hi"}) + "\n")
     with pytest.raises(ValueError, match=r"sharegpt\.jsonl:1: 'conversations' is a str, not a list of turns"):
         training_prompts("sharegpt", 1, seed=0, mirror=str(tmp_path))
+
+
+def test_a_responses_stage_that_keeps_no_prompt_fails_naming_the_setting(tmp_path, tiny_target_json):
+    from dpace.io import atomic_write_jsonl
+    from dpace.responses.generation import generate_responses
+
+    atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Say hello."}])
+    with pytest.raises(ValueError, match=r"1 of 1 prompts .* longer than responses\.max_prompt_tokens=1 tokens"):
+        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", max_prompt_tokens=1)
+    assert not (tmp_path / "out.jsonl").exists()
