@@ -331,3 +331,61 @@ def test_a_responses_stage_that_keeps_no_prompt_fails_naming_the_setting(tmp_pat
     with pytest.raises(ValueError, match=r"1 of 1 prompts .* longer than responses\.max_prompt_tokens=1 tokens"):
         generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", max_prompt_tokens=1)
     assert not (tmp_path / "out.jsonl").exists()
+
+
+# ---------------------------------------------------------------------------------------------
+# Item 7: a target the pipeline cannot serve exactly is refused at prepare_target, before slow work
+
+
+@pytest.fixture(scope="module")
+def smollm_tokenizer():
+    from dpace.targets import embedded_tokenizer
+
+    return embedded_tokenizer()
+
+
+def test_a_target_without_a_chat_template_is_refused_before_its_model_is_built(tmp_path, smollm_tokenizer,
+                                                                                monkeypatch):
+    import json
+
+    import dpace.targets
+
+    smollm_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    config = tmp_path / "tokenizer" / "tokenizer_config.json"
+    settings = json.loads(config.read_text())
+    settings.pop("chat_template", None)
+    config.write_text(json.dumps(settings))
+    (tmp_path / "tokenizer" / "chat_template.jinja").unlink(missing_ok=True)
+    monkeypatch.setattr(dpace.targets, "_random_model", lambda *a: pytest.fail("the model was built first"))
+    with pytest.raises(ValueError, match="has no chat template"):
+        dpace.targets.prepare_target({"source": "random", "tokenizer": str(tmp_path / "tokenizer")}, tmp_path / "out")
+    assert not (tmp_path / "out" / "model").exists()
+
+
+def test_a_target_whose_end_of_turn_is_no_stop_token_is_refused(tmp_path, smollm_tokenizer):
+    from transformers import AutoTokenizer
+
+    from dpace.targets import prepare_target
+
+    smollm_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    other = AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    other.add_special_tokens({"additional_special_tokens": ["<end_of_turn>"]})
+    other.chat_template = other.chat_template.replace("<|im_end|>", "<end_of_turn>")
+    other.save_pretrained(tmp_path / "gemma-like")
+    with pytest.raises(ValueError, match=r"ends a turn with '<end_of_turn>' .* not one of its stop tokens"):
+        prepare_target({"source": "random", "tokenizer": str(tmp_path / "gemma-like")}, tmp_path / "out")
+
+
+def test_a_target_whose_embedding_module_scales_its_lookup_is_refused(tmp_path, smollm_tokenizer):
+    """Gemma multiplies its embeddings by sqrt(hidden) inside the module; decoding looks them up raw."""
+    from transformers import Gemma3ForCausalLM, Gemma3TextConfig
+
+    from dpace.targets import prepare_target
+
+    config = Gemma3TextConfig(vocab_size=len(smollm_tokenizer), hidden_size=64, intermediate_size=128,
+                              num_hidden_layers=2, num_attention_heads=4, num_key_value_heads=2, head_dim=16)
+    Gemma3ForCausalLM(config).save_pretrained(tmp_path / "scaled")
+    smollm_tokenizer.save_pretrained(tmp_path / "scaled")
+    with pytest.raises(ValueError, match=r"Gemma3TextScaledWordEmbedding\) is not a plain lookup .* ratio 8\b"):
+        prepare_target({"source": str(tmp_path / "scaled")}, tmp_path / "out")
+    assert not (tmp_path / "out" / "target.json").exists()
