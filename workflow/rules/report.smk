@@ -9,6 +9,7 @@ wildcard_constraints:
 rule experiment_metrics:
     input:
         summaries=lambda wildcards: experiment_evaluations(wildcards.experiment),
+        blocks=lambda wildcards: beside(experiment_evaluations(wildcards.experiment), "blocks.csv"),
     output:
         metrics=f"{RESULTS}/metrics/{{experiment}}.csv",
         blocks=f"{RESULTS}/metrics/{{experiment}}_blocks.csv",
@@ -29,10 +30,8 @@ rule local_blocks:
     """With eval.backend sglang: per-block records of Table 1's shallowest DFlash drafter (the one
     table_correlation and fig_motivation (a) show) from an in-process MATH-500 run at T=0."""
     input:
-        summaries=lambda wildcards: [
-            eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, "blocks")
-            for v in [reference_drafter(EXPERIMENTS["main"].variants, "dflash")]
-        ],
+        summaries=lambda wildcards: local_blocks_summaries(),
+        blocks=lambda wildcards: beside(local_blocks_summaries(), "blocks.csv"),
     output:
         metrics=f"{RESULTS}/metrics/main_local.csv",
         blocks=f"{RESULTS}/metrics/main_local_blocks.csv",
@@ -52,6 +51,9 @@ rule experiment_training:
     input:
         summaries=lambda wildcards: [
             f"{RESULTS}/drafters/{v.target}/{v.id}/summary.json" for v in EXPERIMENTS[wildcards.experiment].variants
+        ],
+        steps=lambda wildcards: [
+            f"{RESULTS}/drafters/{v.target}/{v.id}/steps.jsonl" for v in EXPERIMENTS[wildcards.experiment].variants
         ],
     output:
         steps=f"{RESULTS}/metrics/{{experiment}}_train_steps.csv",
