@@ -224,9 +224,12 @@ def reference_answers(wildcards):
 # Files on this machine that jobs read besides other jobs' outputs: inputs too, so that an edit reruns
 # what depends on them (issue 50). Drafter checkpoints carry a checksum sidecar instead (dpace.io).
 def mirror_files(kind, names):
-    """The data mirror's files a data job reads: its inputs, so an edited row reruns it (none from the hub)."""
+    """The data mirror's files a data job reads: its inputs, so an edited row reruns it (none from the hub).
+    A file that is not there is left to the job, whose error says which setting to change (data.mirror is
+    read relative to the working directory, which a dry run elsewhere does not have)."""
     mirror = config["data"]["mirror"]
-    return [f"{mirror}/{kind}/{name}.jsonl" for name in names] if mirror else []
+    paths = [f"{mirror}/{kind}/{name}.jsonl" for name in names] if mirror else []
+    return [path for path in paths if os.path.exists(path)]
 
 
 def target_files(wildcards):
