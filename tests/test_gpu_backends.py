@@ -70,7 +70,7 @@ def test_gpu_slots_never_share_a_gpu(gpu_env):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == first[0]
         with gpu_slot(1, log=lambda *_: None) as second:
             assert second != first and os.environ["CUDA_VISIBLE_DEVICES"] == second[0]
-            with pytest.raises(RuntimeError, match="no 1 free GPU"), gpu_slot(1, timeout_s=0.2, poll_s=0.05,
+            with pytest.raises(RuntimeError, match=rf"no 1 free GPU.*GPU 0: pid {os.getpid()} "), gpu_slot(1, timeout_s=0.2, poll_s=0.05,
                                                                               log=lambda *_: None):
                 pass
         assert os.environ["CUDA_VISIBLE_DEVICES"] == first[0]
