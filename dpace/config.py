@@ -239,6 +239,7 @@ def check_config(config: dict) -> None:
                 f"targets.{target_name}.responses: {target['responses']!r} is named like the generated set "
                 f"{dataset_name(target['responses'])!r}; rename the file"
             )
+        _check_heads(target_name, target)
         layers = target.get("num_layers")
         ids = target.get("target_layer_ids") or features.get("target_layer_ids")
         if layers is not None and ids is not None:
@@ -250,6 +251,19 @@ def check_config(config: dict) -> None:
     for variant in all_variants(config).values():
         if variant.target not in config["targets"]:
             raise ConfigError(f"experiments: target {variant.target!r} is not one of targets {sorted(config['targets'])}")
+
+
+RANDOM_TARGET_SHAPE = {"hidden_size": 64, "num_heads": 4, "num_kv_heads": 2}  # dpace.targets._random_model's
+
+
+def _check_heads(name: str, target: dict) -> None:
+    """Attention shapes that split evenly: hidden_size into num_heads heads, those into num_kv_heads groups."""
+    shape = {**(RANDOM_TARGET_SHAPE if target["source"] == "random" else {}), **target}
+    hidden, heads, kv_heads = (shape.get(key) for key in ("hidden_size", "num_heads", "num_kv_heads"))
+    if hidden is not None and heads is not None and hidden % heads:
+        raise ConfigError(f"targets.{name}.hidden_size: {hidden} does not divide into num_heads {heads} heads")
+    if heads is not None and kv_heads is not None and heads % kv_heads:
+        raise ConfigError(f"targets.{name}.num_heads: {heads} does not divide into num_kv_heads {kv_heads} groups")
 
 
 def _yaml_typed(value):

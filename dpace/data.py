@@ -44,7 +44,8 @@ BENCHMARKS: dict[str, Benchmark] = {
         ],
     ),
     "mbpp": Benchmark(("google-research-datasets/mbpp", "sanitized"), "test", ("prompt",), lambda r: [r["prompt"]]),
-    "mt_bench": Benchmark(("HuggingFaceH4/mt_bench_prompts",), "train", ("prompt",), lambda r: list(r["prompt"])),
+    # Its prompt is a list of turns; checked as given (list() would split a string into one-character turns).
+    "mt_bench": Benchmark(("HuggingFaceH4/mt_bench_prompts",), "train", ("prompt",), lambda r: r["prompt"]),
     "alpaca": Benchmark(("tatsu-lab/alpaca",), "train", ("instruction",), _alpaca),
 }
 
@@ -55,12 +56,29 @@ TRAIN_SETS: dict[str, tuple[tuple[str, ...], str]] = {
 }
 
 
+def check_turns(turns, where: str) -> list[str]:
+    """``turns`` when it is a non-empty list of non-empty strings; else an error naming ``where`` (file and row).
+    An empty turn would be decoded from the chat template alone, a string split into characters."""
+    if not isinstance(turns, list) or not turns:
+        raise ValueError(f"{where}: turns must be a non-empty list of strings, not {type(turns).__name__} "
+                         f"{str(turns)[:60]!r}; fix that row")
+    bad = [index for index, turn in enumerate(turns) if not isinstance(turn, str) or not turn.strip()]
+    if bad:
+        raise ValueError(f"{where}: turn(s) {bad} empty or not strings; fix that row")
+    return turns
+
+
+def _row_where(kind: str, name: str, mirror: str | None, index: int) -> str:
+    """A row as an error names it: file:line in the mirror, else its index in the hub data set."""
+    return f"{Path(mirror) / kind / name}.jsonl:{index + 1}" if mirror else f"hub data set {name!r} row {index}"
+
+
 def _load_rows(kind: str, name: str, hub_args: tuple[str, ...], split: str, mirror: str | None) -> list[dict]:
     if mirror:
         path = Path(mirror) / kind / f"{name}.jsonl"
         if not path.exists():
             raise FileNotFoundError(f"data mirror {mirror!r} has no {kind}/{name}.jsonl (expected {path})")
-        rows = list(read_jsonl(path))
+        rows = list(read_jsonl(path, fix="fix that row or restore the mirror file"))
     else:
         try:
             import datasets
@@ -87,7 +105,8 @@ def benchmark_prompts(name: str, num_prompts: int, seed: int, mirror: str | None
         if missing:
             raise ValueError(f"benchmark {name!r} row {index} lacks required field(s) {missing}")
     chosen = dflash_benchmark_rows(len(rows), num_prompts, seed)
-    return [{"id": f"{name}-{i}", "benchmark": name, "turns": spec.turns(rows[i])} for i in chosen]
+    return [{"id": f"{name}-{i}", "benchmark": name,
+             "turns": check_turns(spec.turns(rows[i]), _row_where("benchmarks", name, mirror, i))} for i in chosen]
 
 
 def dflash_benchmark_rows(num_rows: int, num_prompts: int, seed: int) -> list[int]:
@@ -107,10 +126,13 @@ def dflash_benchmark_rows(num_rows: int, num_prompts: int, seed: int) -> list[in
     return list(rows.shuffle(seed=seed).select(range(num_prompts))["row"])
 
 
-def _first_user_turn(row: dict) -> str | None:
+def _first_user_turn(row: dict, where: str) -> str | None:
     """ShareGPT (``from``/``value``), OpenAI-style (``role``/``content``) or instruction rows."""
     if "conversations" in row:
-        for turn in row["conversations"]:
+        turns = row["conversations"]
+        if not isinstance(turns, list) or not all(isinstance(turn, dict) for turn in turns):
+            raise ValueError(f"{where}: 'conversations' is a {type(turns).__name__}, not a list of turns; fix that row")
+        for turn in turns:
             speaker = turn.get("from", turn.get("role"))
             if speaker in ("human", "user"):
                 return turn.get("value", turn.get("content"))
@@ -132,8 +154,8 @@ def training_prompts(
     random.Random(seed).shuffle(order)
     prompts, skipped = [], {"no_user_turn": 0, "too_long": 0}
     for index in order:
-        text = _first_user_turn(rows[index])
-        if not text or not text.strip():
+        text = _first_user_turn(rows[index], _row_where("train", name, mirror, index))
+        if not isinstance(text, str) or not text.strip():
             skipped["no_user_turn"] += 1
             continue
         if max_chars is not None and len(text) > max_chars:
@@ -143,7 +165,8 @@ def training_prompts(
         if len(prompts) == num_prompts:
             break
     if not prompts:
-        raise ValueError(f"training set {name!r} gave no usable prompts")
+        raise ValueError(f"training set {name!r} gave no usable prompts: {skipped['too_long']} longer than "
+                         f"data.max_prompt_chars={max_chars}, {skipped['no_user_turn']} without a user turn")
     return prompts, skipped
 
 

@@ -13,10 +13,10 @@ from dataclasses import dataclass
 from pathlib import Path
 
 import torch
-from safetensors.torch import load_file, save_file
+from safetensors.torch import save_file
 from tqdm import tqdm
 
-from dpace.io import atomic_folder, atomic_write_json, read_jsonl
+from dpace.io import atomic_folder, atomic_write_json, load_safetensors, read_json, read_jsonl
 from dpace.schema import schema_enum
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
@@ -299,11 +299,10 @@ def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_las
 
 
 def load_features(features_dir: str | Path) -> FeatureSet:
-    import json
-
     features_dir = Path(features_dir)
-    index = json.loads((features_dir / "index.json").read_text())
-    shards = [load_file(str(features_dir / name)) for name in index["shards"]]
+    fix = f"delete {features_dir} and rerun"
+    index = read_json(features_dir / "index.json", fix=fix)
+    shards = [load_safetensors(features_dir / name, fix=fix) for name in index["shards"]]
     return FeatureSet.concatenate([
         FeatureSet(
             input_ids=shard["input_ids"], loss_mask=shard["loss_mask"], offsets=shard["offsets"],

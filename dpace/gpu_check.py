@@ -37,7 +37,6 @@ import argparse
 import contextlib
 import csv
 import importlib.util
-import json
 import os
 import signal
 import subprocess
@@ -179,11 +178,12 @@ def stage_times(workdir: Path) -> dict[str, float]:
 
 def eval_results(workdir: Path) -> list[dict]:
     """Mean tau and SR over benchmarks per (variant, temperature), from every evaluation summary."""
+    from dpace.io import read_json
     from dpace.paths import eval_location
 
     out = []
     for path in sorted((workdir / "results" / "eval").rglob("summary.json")):
-        rows = json.loads(path.read_text())
+        rows = read_json(path)
         _, variant, _, suite = eval_location(path)
         for temperature in sorted({r["temperature"] for r in rows}):
             sel = [r for r in rows if r["temperature"] == temperature]

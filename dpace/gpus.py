@@ -11,24 +11,26 @@ torchrun workers) inherit it.
 Under a scheduler that already isolates devices (SLURM with ``--gpus``), the job's
 ``CUDA_VISIBLE_DEVICES`` is kept as it is and no lock is taken.
 
+The locks are ``dpace.locks``' machine locks ``gpu-<id>``: in this user's own lock directory, so
+every Snakemake run of this user on the machine shares them and no other user can hold or hijack them.
+
 Environment:
     DPACE_GPUS           comma-separated physical GPU ids this machine may use (default: all,
                          found without touching CUDA: /proc/driver/nvidia/gpus, then nvidia-smi)
-    DPACE_GPU_LOCK_DIR   where the lock files live (default: <tmp>/dpace-gpu-locks, shared by
-                         every Snakemake run on the machine)
+    DPACE_LOCK_DIR       where the lock files live (see ``dpace.locks``)
 """
 
 from __future__ import annotations
 
 import contextlib
-import fcntl
 import os
 import shutil
 import subprocess
-import tempfile
 import time
 from collections.abc import Iterator
 from pathlib import Path
+
+from dpace.locks import holder, lock_dir, release, try_lock
 
 
 def _proc_gpu_count() -> int:
@@ -68,12 +70,6 @@ def scheduler_assigned() -> bool:
     return bool(os.environ.get("SLURM_JOB_ID")) and os.environ.get("CUDA_VISIBLE_DEVICES") is not None
 
 
-def lock_dir() -> Path:
-    path = Path(os.environ.get("DPACE_GPU_LOCK_DIR") or Path(tempfile.gettempdir()) / "dpace-gpu-locks")
-    path.mkdir(parents=True, exist_ok=True)
-    return path
-
-
 @contextlib.contextmanager
 def gpu_slot(count: int = 1, *, timeout_s: float | None = None, poll_s: float = 5.0, log=print) -> Iterator[list[str]]:
     """Hold ``count`` GPUs for the duration of the block; yields their physical ids.
@@ -98,34 +94,24 @@ def gpu_slot(count: int = 1, *, timeout_s: float | None = None, poll_s: float = 
             "set DPACE_GPUS or run the CPU backends"
         )
     directory = lock_dir()
-    held: dict[str, object] = {}
+    held: dict[str, int] = {}
     started = time.monotonic()
     try:
         while True:
             for gpu in candidates:
-                if gpu in held:
-                    continue
-                handle = open(directory / f"gpu-{gpu}.lock", "a+")  # noqa: SIM115 (kept open while held)
-                try:
-                    fcntl.flock(handle, fcntl.LOCK_EX | fcntl.LOCK_NB)
-                except BlockingIOError:
-                    handle.close()
-                    continue
-                handle.seek(0)
-                handle.truncate()
-                handle.write(f"pid {os.getpid()}\n")
-                handle.flush()
-                held[gpu] = handle
-                if len(held) == count:
-                    break
+                if gpu not in held and (fd := try_lock(f"gpu-{gpu}")) is not None:
+                    held[gpu] = fd
+                    if len(held) == count:
+                        break
             if len(held) == count:
                 break
             # Never sit on a partial set while waiting: two jobs could each hold half forever.
-            for handle in held.values():
-                handle.close()
+            for fd in held.values():
+                release(fd)
             held.clear()
             if timeout_s is not None and time.monotonic() - started > timeout_s:
-                raise RuntimeError(f"no {count} free GPU(s) among {candidates} within {timeout_s:.0f} s")
+                holders = "; ".join(f"GPU {gpu}: {holder(f'gpu-{gpu}')}" for gpu in candidates)
+                raise RuntimeError(f"no {count} free GPU(s) among {candidates} within {timeout_s:.0f} s ({holders})")
             time.sleep(poll_s)
         ids = sorted(held, key=candidates.index)
         previous = os.environ.get("CUDA_VISIBLE_DEVICES")
@@ -139,8 +125,8 @@ def gpu_slot(count: int = 1, *, timeout_s: float | None = None, poll_s: float = 
             else:
                 os.environ["CUDA_VISIBLE_DEVICES"] = previous
     finally:
-        for handle in held.values():
-            handle.close()
+        for fd in held.values():
+            release(fd)
 
 
 @contextlib.contextmanager

@@ -91,20 +91,71 @@ def atomic_write_jsonl(path: str | Path, rows: Iterable[dict]) -> None:
     atomic_write_text(path, "".join(json.dumps(row) + "\n" for row in rows))
 
 
-def read_jsonl(path: str | Path) -> Iterator[dict]:
-    """Rows of a jsonl file; a malformed line is an error naming the file and line number."""
+REMAKE = "delete it and rerun (the job that made it makes it again)"
+
+
+class DamagedFile(ValueError):
+    """A file that cannot be what it should be (torn, truncated, not UTF-8, of the wrong shape). Its
+    message names the path and what to do."""
+
+
+def read_json(path: str | Path, *, fix: str = REMAKE):
+    """The JSON value in ``path``; a damaged file fails naming its path, line and ``fix``."""
     path = Path(path)
-    with path.open() as handle:
-        for line_number, line in enumerate(handle, start=1):
+    text = _utf8(path.read_bytes(), path, fix)
+    try:
+        return json.loads(text)
+    except json.JSONDecodeError as error:
+        raise DamagedFile(f"{path}:{error.lineno}: malformed JSON ({error.msg}); {fix}") from None
+
+
+def _utf8(data: bytes, where, fix: str) -> str:
+    try:
+        return data.decode("utf-8")
+    except UnicodeDecodeError as error:
+        raise DamagedFile(f"{where}: not UTF-8 (byte {data[error.start:error.start + 1]!r} at position "
+                          f"{error.start}); {fix}") from None
+
+
+def read_jsonl(path: str | Path, *, fix: str = REMAKE) -> Iterator[dict]:
+    """Rows of a jsonl file; a malformed or non-UTF-8 line is an error naming the file, line and ``fix``."""
+    path = Path(path)
+    with path.open("rb") as handle:
+        for line_number, raw in enumerate(handle, start=1):
+            where = f"{path}:{line_number}"
+            line = _utf8(raw, where, fix)
             if not line.strip():
                 continue
             try:
                 row = json.loads(line)
             except json.JSONDecodeError as error:
-                raise ValueError(f"{path}:{line_number}: malformed JSON ({error.msg})") from None
+                raise DamagedFile(f"{where}: malformed JSON ({error.msg}); {fix}") from None
             if not isinstance(row, dict):
-                raise ValueError(f"{path}:{line_number}: expected a JSON object per line")
+                raise DamagedFile(f"{where}: expected a JSON object per line; {fix}")
             yield row
+
+
+def load_safetensors(path: str | Path, *, fix: str = REMAKE) -> dict:
+    """The tensors of a safetensors file; a truncated or damaged one fails naming its path and ``fix``."""
+    from safetensors import SafetensorError
+    from safetensors.torch import load_file
+
+    try:
+        return load_file(str(path))
+    except (SafetensorError, OSError) as error:
+        raise DamagedFile(f"{path}: damaged safetensors file ({error}); {fix}") from None
+
+
+def check_safetensors(path: str | Path, *, fix: str = REMAKE) -> None:
+    """Fail naming ``path`` when its header or data length is damaged (a truncated checkpoint), without
+    reading the tensors."""
+    from safetensors import SafetensorError, safe_open
+
+    try:
+        with safe_open(str(path), framework="pt") as handle:
+            handle.keys()
+    except (SafetensorError, OSError) as error:
+        raise DamagedFile(f"{path}: damaged safetensors file ({error}); {fix}") from None
 
 
 def read_partial_jsonl(path: str | Path) -> list[dict]:
@@ -159,6 +210,33 @@ def input_checksum(path: str | Path) -> int:
             while chunk := handle.read(1 << 24):
                 checksum = zlib.crc32(chunk, checksum)
     return checksum
+
+
+CHECKSUMS = "checksums.json"
+
+
+def _file_checksums(folder: Path) -> dict[str, int]:
+    return {file.relative_to(folder).as_posix(): input_checksum(file) for file in sorted(folder.rglob("*"))
+            if file.is_file() and file.name != CHECKSUMS and not file.name.startswith(".")}
+
+
+def write_checksums(folder: str | Path) -> None:
+    """A sidecar ``checksums.json`` (CRC32 per file) for a folder a later job reads without Snakemake
+    tracking its content (a drafter checkpoint): ``verify_checksums`` refuses it once a file changed."""
+    folder = Path(folder)
+    atomic_write_json(folder / CHECKSUMS, _file_checksums(folder))
+
+
+def verify_checksums(folder: str | Path, *, fix: str = REMAKE) -> None:
+    """Fail naming the first file of ``folder`` that is missing, added or changed since ``write_checksums``."""
+    folder = Path(folder)
+    if not (folder / CHECKSUMS).is_file():
+        raise DamagedFile(f"{folder}: no {CHECKSUMS} (written with every checkpoint); {fix}")
+    expected, found = read_json(folder / CHECKSUMS, fix=fix), _file_checksums(folder)
+    for name in sorted(set(expected) | set(found)):
+        if expected.get(name) != found.get(name):
+            state = "missing" if name not in found else "not in the checkpoint" if name not in expected else "changed"
+            raise DamagedFile(f"{folder / name}: {state} since the checkpoint was written (its {CHECKSUMS}); {fix}")
 
 
 class JsonlAppender:

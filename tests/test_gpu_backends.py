@@ -53,7 +53,7 @@ def features_dir(tmp_path_factory, tiny_target_json):
 def gpu_env(tmp_path, monkeypatch):
     """Two pretend GPUs and a private lock folder; no scheduler."""
     monkeypatch.setenv("DPACE_GPUS", "0,1")
-    monkeypatch.setenv("DPACE_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("DPACE_LOCK_DIR", str(tmp_path / "locks"))
     monkeypatch.delenv("SLURM_JOB_ID", raising=False)
     monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
     return tmp_path / "locks"
@@ -70,7 +70,7 @@ def test_gpu_slots_never_share_a_gpu(gpu_env):
         assert os.environ["CUDA_VISIBLE_DEVICES"] == first[0]
         with gpu_slot(1, log=lambda *_: None) as second:
             assert second != first and os.environ["CUDA_VISIBLE_DEVICES"] == second[0]
-            with pytest.raises(RuntimeError, match="no 1 free GPU"), gpu_slot(1, timeout_s=0.2, poll_s=0.05,
+            with pytest.raises(RuntimeError, match=rf"no 1 free GPU.*GPU 0: pid {os.getpid()} "), gpu_slot(1, timeout_s=0.2, poll_s=0.05,
                                                                               log=lambda *_: None):
                 pass
         assert os.environ["CUDA_VISIBLE_DEVICES"] == first[0]
@@ -132,11 +132,12 @@ def test_a_gpu_held_by_another_process_is_skipped_and_freed_when_it_dies(gpu_env
 
 def test_scheduler_assigned_gpus_are_used_as_given(gpu_env, monkeypatch):
     import dpace.gpus
+    import dpace.locks
     from dpace.gpus import gpu_slot
 
     monkeypatch.setenv("SLURM_JOB_ID", "42")
     monkeypatch.setenv("CUDA_VISIBLE_DEVICES", "3")
-    monkeypatch.setattr(dpace.gpus.fcntl, "flock", lambda *a: pytest.fail("a lock was taken under a scheduler"))
+    monkeypatch.setattr(dpace.locks.fcntl, "flock", lambda *a: pytest.fail("a lock was taken under a scheduler"))
     with gpu_slot(1, log=lambda *_: None) as ids:
         assert ids == ["3"] and os.environ["CUDA_VISIBLE_DEVICES"] == "3"
         assert not gpu_env.exists()  # no lock folder, no lock file
@@ -397,7 +398,7 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
 def test_real_sglang_engine_generates(tmp_path, tiny_target_json, monkeypatch):
     from dpace.responses.generation import generate_responses
 
-    monkeypatch.setenv("DPACE_GPU_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.setenv("DPACE_LOCK_DIR", str(tmp_path / "locks"))
     atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Hello"}])
     counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
                                 backend="sglang", max_new_tokens=4, batch_size=1)

@@ -154,12 +154,11 @@ def test_table_main_marks_only_significant_average_differences(metrics):
     assert "paired bootstrap" in marked_latex and "paired bootstrap" not in table_main(metrics)
 
 
-def test_table_main_missing_benchmark_gives_dashes(metrics):
+def test_table_main_missing_benchmark_fails_naming_the_cell(metrics):
+    """Issue 50: a missing metrics row rendered as ``-- & --``; now the table names the cell."""
     drop = (metrics["variant"] == "main-dflash-d1") & (metrics["temperature"] == 0) & (metrics["benchmark"] == "alpaca")
-    latex = table_main(metrics[~drop])
-    rows = check_structure(latex, n_data=16, n_cols=16, label="tab:main")
-    assert rows[0][12:] == ["--", "--", "--", "--"]  # Alpaca and the average
-    assert rows[3][-2:] == [r"\textbf{2.40}", r"\textbf{3.40}"]
+    with pytest.raises(ValueError, match=r"Table 1 \(tab:main\), T=0, 1L, dflash, alpaca SR: no value"):
+        table_main(metrics[~drop])
 
 
 def test_table_main_duplicate_runs_raise(metrics):

@@ -115,7 +115,7 @@ def test_sigkilled_training_resumes_where_it_stopped_to_identical_weights(
         capture_output=True, text=True, timeout=300,
     )
     assert killed.returncode == -9, killed.stderr[-2000:]
-    assert torch.load(scratch / "state.pt", weights_only=False)["global_step"] == 4  # saved after step 4
+    assert torch.load(scratch / "state.pt", weights_only=True)["global_step"] == 4  # saved after step 4
     assert (interrupted / "epoch-1").exists() and not (interrupted / "epoch-2").exists()
     # Nothing the next stage reads looks finished: the step log is still in the scratch folder.
     assert not (interrupted / "steps.jsonl").exists() and not (interrupted / "summary.json").exists()
@@ -204,7 +204,7 @@ def test_non_finite_gradient_stops_training_and_keeps_the_last_good_checkpoint(
     assert (scratch / "state.pt").stat().st_mtime_ns == saved["state"][0]
     assert (scratch / "state.pt").read_bytes() == saved["state"][1]
     assert (run / "epoch-1" / "model.safetensors").stat().st_mtime_ns == saved["epoch"][0]
-    state, reference = (torch.load(path, weights_only=False) for path in (scratch / "state.pt", clean / "scratch" / "state.pt"))
+    state, reference = (torch.load(path, weights_only=True) for path in (scratch / "state.pt", clean / "scratch" / "state.pt"))
     assert state["global_step"] == reference["global_step"] == 4
     assert all(torch.equal(state["model"][k], reference["model"][k]) for k in reference["model"])
     assert all(torch.isfinite(v).all() for v in state["model"].values())

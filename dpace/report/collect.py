@@ -3,13 +3,13 @@ records, comparisons, training steps and runs); ``dpace.report.render`` draws th
 
 from __future__ import annotations
 
-import json
 import math
 from pathlib import Path
 
 import pandas as pd
 
-from dpace.io import atomic_write_text
+from dpace.experiments import ARTIFACTS
+from dpace.io import atomic_write_text, read_json
 from dpace.paths import eval_location
 from dpace.report.intervals import experiment_comparisons
 from dpace.training.training_records import read_steps, read_summary
@@ -56,7 +56,7 @@ def experiment_metrics(
             "epoch": epoch,
             "suite": suite,
         }
-        for result in json.loads(Path(path).read_text()):
+        for result in read_json(path):
             row = dict(base)
             for key in METRIC_COLUMNS:
                 if key in result:
@@ -78,6 +78,33 @@ def experiment_metrics(
     with_requests = metrics.assign(requests=requests)
     comparisons = experiment_comparisons(with_requests[with_requests["requests"].notna()])
     return metrics, block_frame, comparisons
+
+
+def _metrics_files(artifact) -> set[str]:
+    """The results/metrics/ files one artifact is drawn from (as rule render_table/render_figure's inputs)."""
+    files = {f"{e}{suffix}" for e in artifact.experiments for suffix in (".csv", "_comparisons.csv")}
+    if artifact.blocks:
+        files |= {"main_blocks.csv", "main_local_blocks.csv"}
+    if artifact.train:
+        files |= {"main_train_steps.csv", "main_train_runs.csv"}
+    return files
+
+
+def remove_stale_reports(outputs) -> list[Path]:
+    """Remove the tables, figures and scorecard drawn from ``outputs`` (results/metrics/ files about to be
+    remade). Snakemake removes only a failed job's own outputs: a metrics job that failed left the previous
+    run's tables in place, as if they were current. Those that the run asks for are drawn again after it."""
+    removed = []
+    for output in map(Path, outputs):
+        results = output.parent.parent
+        stale = [results / "findings.md"] + [
+            results / f"{artifact.name}{suffix}" for artifact in ARTIFACTS.values() if output.name in _metrics_files(artifact)
+            for suffix in ((".tex",) if artifact.kind == "table" else (".pdf", ".png"))]
+        for path in stale:
+            if path.exists():
+                path.unlink()
+                removed.append(path)
+    return removed
 
 
 def write_experiment_metrics(variants, summary_paths, *, metrics_csv, blocks_csv, comparisons_csv=None) -> None:

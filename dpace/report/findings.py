@@ -27,7 +27,6 @@ pandas; ``workflow/scripts/findings.py`` hands over the paths.
 
 from __future__ import annotations
 
-import json
 import math
 import subprocess
 from collections.abc import Callable, Sequence
@@ -39,7 +38,7 @@ import pandas as pd
 import yaml
 from scipy import stats
 
-from dpace.io import atomic_write_text
+from dpace.io import atomic_write_text, read_json
 from dpace.paths import EVAL_SUMMARY
 from dpace.report.intervals import _prompt_sums, paired_contrast
 from dpace.report.scale import gain_slope
@@ -389,7 +388,7 @@ def _requests(results: Path, row: pd.Series, benchmarks: Sequence[str] | None) -
     if not path.exists():
         raise NotRun(f"{path.relative_to(results)} not built")
     out = {}
-    for entry in json.loads(path.read_text()):
+    for entry in read_json(path):
         if np.isclose(float(entry["temperature"]), float(row["temperature"])) and (
             benchmarks is None or entry["benchmark"] in benchmarks
         ):

@@ -22,13 +22,13 @@ prompt and training-seed parts (two-way ANOVA on the prompts x seeds table).
 from __future__ import annotations
 
 import argparse
-import json
 import math
 from collections.abc import Sequence
-from pathlib import Path
 
 import numpy as np
 import pandas as pd
+
+from dpace.io import read_json
 
 METRICS = ("tau", "speedup")
 COMPARISON_COLUMNS = [
@@ -387,7 +387,7 @@ def compare_summaries(summary_path, reference_path, *, resamples: int = 2000, se
     """
     def requests_by_temperature(path) -> dict[float, dict[str, list]]:
         cells: dict[float, dict[str, list]] = {}
-        for row in json.loads(Path(path).read_text()):
+        for row in read_json(path):
             cells.setdefault(float(row["temperature"]), {})[row["benchmark"]] = row["requests"]
         return cells
 

@@ -34,7 +34,19 @@ BENCHMARK_CATEGORIES: dict[str, str] = {
 # DFlash and D-PACE are the baseline and the method: captions name them in their own words.
 NAMED_IN_CAPTIONS: tuple[str, ...] = ("dflash", "dpace")
 
-MISSING = "--"
+MISSING = "--"  # only for values a complete row leaves undefined (a p-value of a constant, a change from 0)
+
+
+class MissingCell(ValueError):
+    """A table cell whose metrics row is absent: the table fails naming it instead of printing ``--``."""
+
+
+def require(x: object, where: str) -> object:
+    """``x`` when it is a number; else ``MissingCell`` naming the cell."""
+    if not is_finite(x):
+        raise MissingCell(f"{where}: no value (its metrics row is missing: an evaluation that did not run or "
+                          "whose summary lacks it); rerun that evaluation")
+    return x
 
 
 def fmt(x: object, digits: int = 2) -> str:
@@ -42,7 +54,10 @@ def fmt(x: object, digits: int = 2) -> str:
     return f"{float(x):.{digits}f}" if is_finite(x) else MISSING  # type: ignore[arg-type]
 
 
-def cell(x: object, bold: bool = False, *, math_mode: bool = False, digits: int = 2) -> str:
+def cell(x: object, bold: bool = False, *, math_mode: bool = False, digits: int = 2, where: str | None = None) -> str:
+    """One number of a table; with ``where`` (the cell's name) a missing one fails instead of printing ``--``."""
+    if where is not None:
+        require(x, where)
     s = fmt(x, digits)
     if s == MISSING:
         return s

@@ -13,9 +13,10 @@ import random
 import re
 from pathlib import Path
 
-from dpace.io import atomic_write_jsonl, read_jsonl
+from dpace.io import DamagedFile, atomic_write_jsonl, read_json, read_jsonl
 
 LOCAL_SUFFIXES = (".jsonl", ".json", ".parquet")
+FIX_IMPORT = "fix the file or point targets.<name>.responses at another"
 _SPEAKERS = {"user": "user", "human": "user", "assistant": "assistant", "gpt": "assistant", "system": "system"}
 
 
@@ -46,10 +47,11 @@ def load_rows(source: str, split: str = "train") -> list[dict]:
 
             return pyarrow.parquet.read_table(path).to_pylist()  # plain lists, not numpy arrays
         if path.suffix == ".json":
-            import json
-
-            return json.loads(path.read_text())
-        return list(read_jsonl(path))
+            rows = read_json(path, fix=FIX_IMPORT)
+            if not isinstance(rows, list) or not all(isinstance(row, dict) for row in rows):
+                raise DamagedFile(f"{path}: expected a JSON list of objects (one per conversation); {FIX_IMPORT}")
+            return rows
+        return list(read_jsonl(path, fix=FIX_IMPORT))
     try:
         import datasets
 
@@ -99,7 +101,11 @@ def import_conversations(source: str, out_path: str | Path, *, num_conversations
         if row.get("thinking") not in (None, False, "off", "false", 0):
             skipped["thinking"] += 1
             continue
-        exchange = first_exchange(row.get("conversations", row.get("messages")))
+        turns = row.get("conversations", row.get("messages"))
+        if turns is not None and not (isinstance(turns, list) and all(isinstance(turn, dict) for turn in turns)):
+            raise DamagedFile(f"{source} row {index}: 'conversations' is a {type(turns).__name__}, not a list "
+                              f"of turns ({{'role', 'content'}} or {{'from', 'value'}} objects); {FIX_IMPORT}")
+        exchange = first_exchange(turns)
         if exchange is None:
             skipped["no_exchange"] += 1
             continue

@@ -140,6 +140,17 @@ BACKENDS = {"transformers": _generate_transformers, "sglang": _generate_sglang}
 DTYPES = schema_enum("responses", "dtype")  # float32, bfloat16, auto
 
 
+def _require_responses(by_id: dict, rows: list, too_long: int, max_prompt_tokens: int, prompts_path) -> None:
+    """A stage that would write no conversation fails here, naming the setting that left none (the
+    features job would otherwise blame its own max_seq_length)."""
+    if by_id:
+        return
+    if too_long:
+        raise ValueError(f"no responses: {too_long} of {len(rows)} prompts of {prompts_path} are longer than "
+                         f"responses.max_prompt_tokens={max_prompt_tokens} tokens and were skipped; raise it")
+    raise ValueError(f"no responses: {prompts_path} holds {len(rows)} prompts; check data.train_prompts")
+
+
 def generate_responses(
     target_json: str | Path,
     prompts_path: str | Path,
@@ -181,6 +192,7 @@ def generate_responses(
                 batch_size=batch_size, seed=seed, device=device, dtype=dtype,
             )
     by_id = {row["id"]: row for row in read_partial_jsonl(scratch_path)}
+    _require_responses(by_id, rows, too_long, max_prompt_tokens, prompts_path)
     atomic_write_jsonl(out_path, [by_id[row["id"]] for row in rows if row["id"] in by_id])
     scratch_path.unlink()
     made_path.unlink()

@@ -13,7 +13,7 @@ from pathlib import Path
 import torch
 from transformers import PretrainedConfig, Qwen3Config
 
-from dpace.io import atomic_folder
+from dpace.io import atomic_folder, verify_checksums, write_checksums
 from dpace.targets import GROUPED_KV_SDPA
 
 
@@ -160,6 +160,7 @@ def save_drafter(model, path: str | Path) -> None:
     the folder appears complete or not at all)."""
     with atomic_folder(path) as tmp:
         model.save_pretrained(str(tmp), safe_serialization=True)
+        write_checksums(tmp)
 
 
 def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32):
@@ -175,6 +176,7 @@ def load_drafter(path: str | Path, dtype: torch.dtype = torch.float32):
     missing = [k for k in ("target_layer_ids", "block_size", "mask_token_id") if k not in dflash_config]
     if missing:
         raise ValueError(f"{path} is not a DFlash drafter checkpoint: dflash_config lacks {missing}")
+    verify_checksums(path, fix=f"delete {path.parent} and rerun its training")  # a truncated or edited file
     model = DFlashDraftModel.from_pretrained(str(path), dtype=dtype, attn_implementation="sdpa")
     return model.eval()
 

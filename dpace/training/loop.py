@@ -109,6 +109,16 @@ def _check_features_match_target(features: FeatureSet, target_config, features_d
         )
 
 
+def _load_state(path: Path) -> dict:
+    """A saved training state: tensors and plain containers only (``weights_only``), so a planted or
+    damaged file can run no code and fails naming itself."""
+    try:
+        return torch.load(path, weights_only=True)
+    except Exception as error:  # pickle refusals and truncation arrive as many types
+        raise ValueError(f"{path}: damaged or not a training state ({type(error).__name__}: "
+                         f"{str(error).splitlines()[0] if str(error) else ''}); delete it and rerun") from None
+
+
 def _save_state(path: Path, state: dict) -> None:
     with atomic_file(path) as tmp:
         torch.save(state, tmp)
@@ -239,7 +249,7 @@ def _set_up(config: TrainConfig, objective: str, hparams: dict, *, target_json, 
     )
     torch.manual_seed(config.seed)
     if run.state_path.exists():
-        state = torch.load(run.state_path, weights_only=False)
+        state = _load_state(run.state_path)
         if state["fingerprint"] == run.fingerprint:
             drafter.load_state_dict(state["model"])
             optimizer.load_state_dict(state["optimizer"])

@@ -56,7 +56,7 @@ from pathlib import Path
 
 import yaml
 
-from dpace.io import atomic_folder, atomic_write_text
+from dpace.io import atomic_folder, atomic_write_text, write_checksums
 from dpace.paths import EPOCH_DIR
 from dpace.training.specforge_run import (
     ALGORITHM_NAME,
@@ -449,6 +449,7 @@ def _export_epochs(run: dict, steps: dict[int, int], out_dir: Path, log) -> None
                             "--draft-config", str(draft_config), "--output-dir", str(target)], log)
             if code != 0:
                 raise RuntimeError(f"specforge export of {checkpoint} exited with code {code}")
+            write_checksums(target)
     for checkpoint in output_dir.glob(f"{run['run_id']}-step*"):
         shutil.rmtree(checkpoint, ignore_errors=True)
 

@@ -11,10 +11,9 @@ the local loop, and ``dpace.training.specforge_backend``) and read by ``dpace.re
 
 from __future__ import annotations
 
-import json
 from pathlib import Path
 
-from dpace.io import atomic_write_json, atomic_write_jsonl, read_jsonl
+from dpace.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
 
 STEPS_FILE = "steps.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -111,4 +110,4 @@ def read_steps(drafter_dir: str | Path) -> list[dict]:
 
 def read_summary(drafter_dir: str | Path) -> dict:
     """``drafter_dir/summary.json``."""
-    return json.loads((Path(drafter_dir) / SUMMARY_FILE).read_text())
+    return read_json(Path(drafter_dir) / SUMMARY_FILE)

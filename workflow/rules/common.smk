@@ -28,6 +28,7 @@ from dpace.experiments import (
     TABLES,
     reference_drafter,
 )
+from dpace.responses.conversations import is_local
 from dpace.training.train_config import train_knobs
 from dpace import fingerprint
 
@@ -237,3 +238,46 @@ def reference_answers(wildcards):
         }
     return {}
 
+
+# Files on this machine that jobs read besides other jobs' outputs: inputs too, so that an edit reruns
+# what depends on them (issue 50). Drafter checkpoints carry a checksum sidecar instead (dpace.io).
+def mirror_files(kind, names):
+    """The data mirror's files a data job reads: its inputs, so an edited row reruns it (none from the hub).
+    A file that is not there is left to the job, whose error says which setting to change (data.mirror is
+    read relative to the working directory, which a dry run elsewhere does not have)."""
+    mirror = config["data"]["mirror"]
+    paths = [f"{mirror}/{kind}/{name}.jsonl" for name in names] if mirror else []
+    return [path for path in paths if os.path.exists(path)]
+
+
+def target_files(wildcards):
+    """The files on this machine a target is made from (a GGUF file, an HF folder's files, a tokenizer
+    folder's): inputs, so an edit reruns the target and what depends on it. Hub ids and the embedded
+    package are read as they are published."""
+    spec = config["targets"][wildcards.target]
+    files = []
+    for source in (spec["source"], spec.get("tokenizer")):
+        if source and os.path.isfile(source) and source.endswith(".gguf"):
+            files.append(source)
+        elif source and os.path.isdir(source):
+            files += sorted(str(path) for path in Path(source).rglob("*")
+                            if path.is_file() and not any(part.startswith(".") for part in path.relative_to(source).parts))
+    return files
+
+
+def imported_answers_file(wildcards):
+    """A local answers file a target imports (an edit reruns the import); a hub data set is read as published."""
+    source = config["targets"][wildcards.target]["responses"]
+    return [source] if is_local(source) else []
+
+
+def beside(paths, name):
+    """The file ``name`` next to each of ``paths`` (an evaluation's blocks.csv, a drafter's steps.jsonl):
+    read with them, so inputs too."""
+    return [os.path.join(os.path.dirname(path), name) for path in paths]
+
+
+def local_blocks_summaries():
+    """Table 1's shallowest DFlash drafter's run of the blocks suite (dpace.experiments.BLOCKS)."""
+    return [eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, BLOCKS.name)
+            for v in [reference_drafter(EXPERIMENTS["main"].variants, "dflash")]]

@@ -2,6 +2,8 @@
 
 
 rule benchmark_prompts:
+    input:
+        mirror=lambda wildcards: mirror_files("benchmarks", [wildcards.benchmark]),
     output:
         prompts=f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl",
     log:
@@ -19,6 +21,8 @@ rule benchmark_prompts:
 
 
 rule training_prompts:
+    input:
+        mirror=lambda wildcards: mirror_files("train", training_prompt_counts(config)),
     output:
         prompts=f"{RESULTS}/data/train/{{dataset}}.jsonl",
     wildcard_constraints:

@@ -9,6 +9,7 @@ wildcard_constraints:
 rule experiment_metrics:
     input:
         summaries=lambda wildcards: experiment_evaluations(wildcards.experiment),
+        blocks=lambda wildcards: beside(experiment_evaluations(wildcards.experiment), "blocks.csv"),
     output:
         metrics=f"{RESULTS}/metrics/{{experiment}}.csv",
         blocks=f"{RESULTS}/metrics/{{experiment}}_blocks.csv",
@@ -30,10 +31,8 @@ rule local_blocks:
     table_correlation and fig_motivation (a) show) from an in-process run of the blocks suite
     (dpace.experiments.BLOCKS)."""
     input:
-        summaries=lambda wildcards: [
-            eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, BLOCKS.name)
-            for v in [reference_drafter(EXPERIMENTS["main"].variants, "dflash")]
-        ],
+        summaries=lambda wildcards: local_blocks_summaries(),
+        blocks=lambda wildcards: beside(local_blocks_summaries(), "blocks.csv"),
     output:
         metrics=f"{RESULTS}/metrics/main_local.csv",
         blocks=f"{RESULTS}/metrics/main_local_blocks.csv",
@@ -52,6 +51,9 @@ rule local_blocks:
 rule experiment_training:
     input:
         summaries=lambda wildcards: [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants],
+        steps=lambda wildcards: beside(
+            [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants], "steps.jsonl"
+        ),
     output:
         steps=f"{RESULTS}/metrics/{{experiment}}_train_steps.csv",
         runs=f"{RESULTS}/metrics/{{experiment}}_train_runs.csv",

@@ -34,6 +34,9 @@ rule generate_responses:
 
 
 rule import_responses:
+    input:
+        # a local answers file is an input (an edit reruns the import); a hub data set is read as published
+        local=imported_answers_file,
     output:
         conversations=f"{RESULTS}/responses/{{target}}/{{dataset}}.jsonl",
     wildcard_constraints:

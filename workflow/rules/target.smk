@@ -2,6 +2,8 @@
 
 
 rule prepare_target:
+    input:
+        local=target_files,
     output:
         target=f"{RESULTS}/targets/{{target}}/target.json",
     log:

@@ -8,11 +8,13 @@ import torch  # noqa: E402
 
 from dpace.evaluation.evaluate import measure_baseline  # noqa: E402
 from dpace.gpus import torch_device_slot  # noqa: E402
+from dpace.locks import machine_lock  # noqa: E402
 
 params = snakemake.params
 torch.set_num_threads(snakemake.threads)
 # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-with torch_device_slot(snakemake.resources.get("gpu", 0)) as device:
+# The timing lock: no other invocation's decoding runs while this one times its own (SR).
+with torch_device_slot(snakemake.resources.get("gpu", 0)) as device, machine_lock("timing"):
     measure_baseline(
         snakemake.input.target,
         {Path(path).stem: path for path in snakemake.input.benchmarks},

@@ -4,6 +4,7 @@ from pathlib import Path
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402 (after the log redirect)
+from dpace.locks import machine_lock  # noqa: E402
 
 params = snakemake.params
 benchmarks = {Path(path).stem: path for path in snakemake.input.benchmarks}
@@ -22,7 +23,8 @@ if params.backend == "sglang":
     from dpace.evaluation.sglang_backend import evaluate_sglang
 
     log = Path(snakemake.log[0])
-    with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))):
+    # The timing lock: no other invocation's decoding runs while this one times its own (SR).
+    with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))), machine_lock("timing"):
         evaluate_sglang(snakemake.input.target, params.drafter, benchmarks, log_dir=log.with_suffix(".sglang"), **common)
 elif params.backend == "local":
     import torch
@@ -31,7 +33,8 @@ elif params.backend == "local":
 
     torch.set_num_threads(snakemake.threads)
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-    with torch_device_slot(snakemake.resources.get("gpu", 0)) as device:
+    # The timing lock: no other invocation's decoding runs while this one times its own (SR).
+    with torch_device_slot(snakemake.resources.get("gpu", 0)) as device, machine_lock("timing"):
         evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, device=device,
                          dtype=params.dtype, decode_clock=params.decode_clock, tau_counts=params.tau_counts,
                          tie_margin=params.greedy_tie_margin, baseline_path=snakemake.input.get("baseline"),

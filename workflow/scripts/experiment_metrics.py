@@ -2,8 +2,9 @@ import sys
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.report.collect import write_experiment_metrics
+from dpace.report.collect import remove_stale_reports, write_experiment_metrics
 
+remove_stale_reports(snakemake.output)  # a failed job then leaves no table drawn from the old numbers
 write_experiment_metrics(
     snakemake.params.variants,
     snakemake.input.summaries,

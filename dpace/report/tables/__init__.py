@@ -21,7 +21,8 @@ Conventions shared by all tables:
 
 * "final epoch" means each variant's last evaluated epoch unless ``epoch=`` is given;
 * averages are taken over the benchmarks present in the table; a run that lacks one of them
-  gets ``--`` rather than an average over fewer benchmarks;
+  (or any other number a cell shows) fails naming the cell (``latex.MissingCell``), never an average
+  over fewer benchmarks nor a ``--`` (kept for values a complete row leaves undefined);
 * a table for experiment G takes its rows from G; the reference runs a paper table shares with the
   main experiment (the DFlash / D-PACE rows of the same target, depth and block size) are
   borrowed from experiment ``main`` when G lacks them;

@@ -36,7 +36,10 @@ def table_ablation(metrics: pd.DataFrame, *, benchmark: str = MATH500_AT_T0.benc
         bold = [latex.best_flags([v[c] for v in values]) for c in range(len(epochs))]
         for ri, o in enumerate(objs):
             label = latex.bold_if(objective_record_of(o).comparison_label(), o == "dpace")
-            body.append(latex.row([label] + [latex.cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]))
+            body.append(latex.row([label] + [
+                latex.cell(v, bold[c][ri], where=f"tab:ablation-trajectory, {', '.join(map(str, cfg))}, {o}, "
+                                                 f"epoch {epochs[c]}")
+                for c, v in enumerate(values[ri])]))
         body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
     depths = sorted({int(c[1]) for c in configs})
     bname = latex.BENCHMARK_LABELS.get(benchmark, latex.escape(benchmark))

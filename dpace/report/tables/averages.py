@@ -67,7 +67,10 @@ def _avg_table(
             values.append(vals)
         bold = [latex.best_flags([v[c] for v in values]) for c in range(2 * nt)]
         for ri, rk in enumerate(rkeys):
-            body.append(latex.row([label_of(rk)] + [latex.cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]))
+            columns = [f"T={t:g} {m}" for t in temperatures for m in ("SR", "tau")]
+            body.append(latex.row([label_of(rk)] + [
+                latex.cell(v, bold[c][ri], where=f"{label}, {', '.join(map(str, (*cfg, *rk)))}, {columns[c]}")
+                for c, v in enumerate(values[ri])]))
         body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")
     return latex.table(body, spec="l" + "cc" * nt, caption=caption, label=label)
 

@@ -58,7 +58,9 @@ def table_block_size(metrics: pd.DataFrame, *, epoch: int | None = None, tempera
             cells = [str(bsize)]
             bold = {c: latex.best_flags([val["dflash", c], val["dpace", c]]) for c in ("speedup", "tau")}
             for i, o in enumerate(("dflash", "dpace")):
-                cells += [latex.cell(val[o, "speedup"], bold["speedup"][i]), latex.cell(val[o, "tau"], bold["tau"][i])]
+                where = f"tab:block-size, {target}, {int(depth)}L, B={bsize}, {o}"
+                cells += [latex.cell(val[o, "speedup"], bold["speedup"][i], where=f"{where} SR"),
+                          latex.cell(val[o, "tau"], bold["tau"][i], where=f"{where} tau")]
             cells += [_delta(val["dpace", c], val["dflash", c]) for c in ("speedup", "tau")]
             body.append(latex.row(cells))
         body.append(r"\bottomrule" if ci == len(configs) - 1 else r"\midrule")

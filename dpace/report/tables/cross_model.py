@@ -61,6 +61,9 @@ def table_cross_model(metrics: pd.DataFrame, *, epoch: int | None = None, temper
             tau_vals = [tau[o].get(b, np.nan) for o in objs]
             sr_bold, tau_bold = latex.best_flags(sr_vals), latex.best_flags(tau_vals)
             for i, o in enumerate(objs):
+                where = f"tab:cross-model, {target}, {int(depth)}L, B={int(bsize)}, {o}, {b}"
+                latex.require(sr_vals[i], f"{where} SR")
+                latex.require(tau_vals[i], f"{where} tau")
                 if sr_bold[i] and tau_bold[i]:
                     cell = f"\\textbf{{{latex.fmt(sr_vals[i])} / {latex.fmt(tau_vals[i])}}}"
                 else:

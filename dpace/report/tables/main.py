@@ -86,7 +86,10 @@ def table_main(metrics: pd.DataFrame, *, epoch: int | None = None, comparisons: 
             for ri, o in enumerate(objs):
                 first = f"\\multirow{{{len(objs)}}}{{*}}{{{d}L}}" if ri == 0 else ""
                 name = latex.bold_if(latex.objective_label(o, k_of(sub, o)), o == "dpace")
-                cells = [first, name] + [latex.cell(v, bold[c][ri]) for c, v in enumerate(values[ri])]
+                columns = [f"{b} {m}" for b in [*benches, "average"] for m in ("SR", "tau")]
+                cells = [first, name] + [
+                    latex.cell(v, bold[c][ri], where=f"Table 1 (tab:main), T={t:g}, {d}L, {o}, {columns[c]}")
+                    for c, v in enumerate(values[ri])]
                 for offset, metric in ((-2, "speedup"), (-1, "tau")):
                     if (o, int(d), float(t), metric) in significant:
                         cells[offset] += SIGNIFICANT

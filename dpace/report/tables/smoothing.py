@@ -67,7 +67,10 @@ def table_smoothing(
         bold = latex.best_flags(vals)
         tl = latex.escape(target_label_of(rows, target))
         label = f"{tl} ({int(depth)}L, $B{{=}}{int(bsize)}$)" if len(depths) > 1 else f"{tl} ($B{{=}}{int(bsize)}$)"
-        body.append(latex.row([label] + [latex.cell(v, b, math_mode=True) for v, b in zip(vals, bold, strict=True)]))
+        columns = [f"D-PACE alpha={a:g}" for a in alphas] + ["DFlash"]
+        body.append(latex.row([label] + [
+            latex.cell(v, b, math_mode=True, where=f"tab:smoothing-sweep, {target}, {int(depth)}L, B={int(bsize)}, {column}")
+            for v, b, column in zip(vals, bold, columns, strict=True)]))
     body.append(r"\bottomrule")
     caption = (
         r"\textbf{Weight smoothing hyperparameter $\alpha$.} Average $\tau$ over the "
