@@ -167,6 +167,7 @@ def test_resume_skips_finished_prompts(setup, first_run, tmp_path, monkeypatch):
 
 def evaluate_into(setup, out, drafter_dir=None, **overrides):
     root, target_json, default_drafter, files = setup
+    files = overrides.pop("files", files)
     kwargs = dict(temperatures=TEMPERATURES, verification="hard-match", max_new_tokens=MAX_NEW, seed=7,
                   records_path=out / "records.jsonl", summary_path=out / "summary.json", blocks_path=out / "blocks.csv")
     return evaluate_drafter(target_json, drafter_dir or default_drafter, files, **(kwargs | overrides))
@@ -564,3 +565,82 @@ def test_a_baseline_of_another_target_is_refused(setup, baseline, tmp_path):
     rewrite_baseline(changed, lambda record: record.update(target=record["target"] + 1))
     with pytest.raises(ValueError, match="target="):
         run_with_baseline(setup, tmp_path, changed)
+
+
+# ---------------------------------------------------------------------------
+# Records are keyed by the prompt text they were computed from (issue 50)
+# ---------------------------------------------------------------------------
+
+
+def reworded(setup, tmp_path) -> dict:
+    """The setup's benchmark files with one gsm8k prompt (g1) reworded and everything else as it was."""
+    root, _, _, files = setup
+    changed = {}
+    for name, path in files.items():
+        rows = load_benchmark(path, name)
+        for row in rows:
+            if row["id"] == "g1":
+                row["turns"] = ["A bus leaves at nine in the morning and drives for three hours. When does it get there?"]
+        changed[name] = tmp_path / f"{name}.jsonl"
+        atomic_write_jsonl(changed[name], rows)
+    return changed
+
+
+def test_a_reworded_prompt_is_decoded_again(setup, first_run, tmp_path, monkeypatch):
+    """The same records file, one prompt's text changed: that prompt is decoded again (at each
+    temperature) and the summary is that of its new text; the untouched prompts are reused."""
+    out, first, _ = first_run
+    files = reworded(setup, tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "records.jsonl").write_text((out / "records.jsonl").read_text())
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    summary = evaluate_into(setup, tmp_path / "run", files=files)
+    assert len(spec_calls) == len(TEMPERATURES) + len(TEMPERATURES)  # warm-ups + g1 at each temperature
+    (tmp_path / "fresh").mkdir()
+    fresh = evaluate_into(setup, tmp_path / "fresh", files=files)
+    for a, b in zip(summary, fresh, strict=True):
+        for key in ("tau", "acceptance_histogram", "num_output_tokens", "num_prompts"):
+            assert a[key] == b[key], key
+    prompt_lengths = {(r["temperature"], r["id"]): r["turns"][0]["spec"]["num_input_tokens"]
+                      for r in read_records(tmp_path / "run" / "records.jsonl") if r["benchmark"] == "gsm8k"}
+    old_lengths = {(r["temperature"], r["id"]): r["turns"][0]["spec"]["num_input_tokens"]
+                   for r in read_records(out / "records.jsonl") if r["benchmark"] == "gsm8k"}
+    assert {key for key in old_lengths if prompt_lengths[key] != old_lengths[key]} == {(t, "g1") for t in TEMPERATURES}
+
+
+def test_a_baseline_of_a_reworded_prompt_is_recomputed_and_not_used(setup, baseline, tmp_path, monkeypatch):
+    """The baseline's records follow the prompt text too, and an evaluation refuses a baseline that
+    answered another text of one of its prompts instead of timing against it."""
+    path, records = baseline
+    files = reworded(setup, tmp_path)
+    root, target_json, drafter_dir, _ = setup
+    (tmp_path / "baseline.records.jsonl").write_text((path.parent / "baseline.records.jsonl").read_text())
+    ar_calls = count_calls(monkeypatch, "autoregressive_generate")
+    again = evaluation.measure_baseline(target_json, files, temperatures=TEMPERATURES, max_new_tokens=MAX_NEW, seed=7,
+                                        records_path=tmp_path / "baseline.records.jsonl",
+                                        out_path=tmp_path / "baseline.jsonl")
+    assert len(ar_calls) == len(TEMPERATURES) + len(TEMPERATURES)  # warm-ups + g1 at each temperature
+    changed = [r for r in again if r["id"] == "g1"]
+    assert all(r["turns"][0]["prompt_ids"] != old["turns"][0]["prompt_ids"]
+               for r, old in zip(changed, [r for r in records if r["id"] == "g1"], strict=True))
+    with pytest.raises(ValueError, match="lacks 2 request"):
+        evaluate_drafter(target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
+                         max_new_tokens=MAX_NEW, seed=7, records_path=tmp_path / "records.jsonl",
+                         summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv", baseline_path=path)
+
+
+def test_a_request_past_the_targets_context_is_skipped_and_counted(setup, tmp_path, monkeypatch):
+    """A prompt whose tokens + max_new_tokens + a block exceed max_position_embeddings is not decoded:
+    its cell counts it in skipped_too_long and scores the others."""
+    root, target_json, drafter_dir, files = setup
+    context = json.loads((root / "target" / "model" / "config.json").read_text())["max_position_embeddings"]
+    rows = load_benchmark(files["gsm8k"], "gsm8k")
+    rows[1]["turns"] = [" ".join(["word"] * context)]
+    long_files = {"gsm8k": tmp_path / "gsm8k.jsonl"}
+    atomic_write_jsonl(long_files["gsm8k"], rows)
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    summary = evaluate_into(setup, tmp_path, files=long_files)
+    assert len(spec_calls) == len(TEMPERATURES) + len(TEMPERATURES)  # warm-ups + g0 at each temperature
+    assert [(row["num_prompts"], row["skipped_too_long"], row["num_requests"]) for row in summary] == [(1, 1, 1)] * 2
+    again = evaluate_into(setup, tmp_path, files=long_files)  # resumed: still counted, nothing decoded
+    assert len(spec_calls) == 2 * len(TEMPERATURES) and [r["skipped_too_long"] for r in again] == [1, 1]

@@ -300,6 +300,24 @@ def test_sglang_evaluation_of_a_retrained_drafter_starts_over(tmp_path, tiny_tar
     assert len(list(read_jsonl(tmp_path / "eval" / "records.jsonl"))) == 3  # the old drafter's records are gone
 
 
+def test_sglang_evaluation_of_a_reworded_prompt_decodes_it_again(tmp_path, tiny_target_json, fake_sglang):
+    """One prompt's text changed between two runs with the same records: that prompt goes through both
+    servers again, and its record is of the new text."""
+    from dpace.evaluation.eval_records import prompt_checksum
+
+    new_row = {"id": "g1", "benchmark": "gsm8k", "turns": ["What is 2 + 2 + 2?"]}
+
+    def reword(out, drafter):
+        atomic_write_jsonl(tmp_path / "gsm8k.jsonl", [new_row, {"id": "g2", "benchmark": "gsm8k",
+                                                               "turns": ["What is 3 + 5?"]}])
+
+    summary, servers = _evaluate_twice(tmp_path, tiny_target_json, fake_sglang, reword)
+    assert len(servers) == 2 and "--speculative-algorithm" in servers[0]
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "eval" / "records.jsonl")}
+    assert len(records) == 3 and records["g1"]["prompt_checksum"] == prompt_checksum(new_row)
+    assert sum(r["num_prompts"] for r in summary) == 3
+
+
 def test_sglang_server_that_dies_or_never_answers_fails_clearly(tmp_path):
     from dpace.evaluation.sglang_backend import free_port, sglang_server
 

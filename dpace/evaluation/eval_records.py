@@ -6,7 +6,9 @@ reaches this module through the SGLang backend.
 
 from __future__ import annotations
 
+import json
 import statistics
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
@@ -40,8 +42,40 @@ def load_benchmark(path: str | Path, name: str) -> list[dict]:
     return rows
 
 
-def record_key(benchmark: str, temperature: float, verification: str, prompt_id) -> tuple:
-    return (benchmark, float(temperature), verification, str(prompt_id))
+def prompt_checksum(row: dict) -> int:
+    """Identifies a benchmark row's prompt text, every turn of it: a record is only ever reused for the
+    very prompt it was computed from (a reworded or edited row is a new request, decoded again)."""
+    return zlib.crc32(json.dumps(row["turns"]).encode())
+
+
+def record_key(benchmark: str, temperature: float, verification: str, prompt_id, checksum: int | None) -> tuple:
+    return (benchmark, float(temperature), verification, str(prompt_id), checksum)
+
+
+def request_key(benchmark: str, temperature: float, verification: str, row: dict) -> tuple:
+    """The key of a planned request (``evaluation_plan``): what a record of it must have been made from."""
+    return record_key(benchmark, temperature, verification, row["id"], prompt_checksum(row))
+
+
+def key_of(record: dict) -> tuple:
+    """The key of a stored record; one of a row's former text (or older, without a checksum) matches no request."""
+    return record_key(record["benchmark"], record["temperature"], record["verification"], record["id"],
+                      record.get("prompt_checksum"))
+
+
+TOO_LONG = "too_long"  # a skipped record's reason
+
+
+def exceeds_context(tokenizer, row: dict, *, max_new_tokens: int, block_size: int, context: int) -> bool:
+    """Whether a request of ``row`` could run past the target's context (``max_position_embeddings``):
+    its longest prompt (the last turn's: every user turn, each earlier answer counted at its cap
+    ``max_new_tokens``) + ``max_new_tokens`` + one verification block. Such a request is skipped and
+    counted (``skipped_too_long``), never decoded past the positions the target was trained on."""
+    from dpace.targets import chat_prompt_ids  # transformers: not for the SGLang records' readers
+
+    # each turn's template counted on its own (a system prompt once per turn): a bound, exact for one turn
+    prompt = sum(len(chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])) for text in row["turns"])
+    return prompt + len(row["turns"]) * max_new_tokens + block_size > context
 
 
 def evaluation_plan(
@@ -82,14 +116,12 @@ def _step_lengths(turn: dict, tau_counts: str) -> list[int]:
 def select_records(records: Iterable[dict], plan: list[tuple[str, float, int, dict]], verification: str) -> list[dict]:
     """The first record of every request of ``plan`` (see ``evaluation_plan``), in the plan's order
     (benchmark, temperature, prompt); records of other runs in the same file are left out."""
-    position = {record_key(name, t, verification, row["id"]): i for i, (name, t, _, row) in enumerate(plan)}
+    position = {request_key(name, t, verification, row): i for i, (name, t, _, row) in enumerate(plan)}
     selected: dict[tuple, dict] = {}
     for r in records:  # first record per request wins
-        key = record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])
-        if key in position:
-            selected.setdefault(key, r)
-    return sorted(selected.values(),
-                  key=lambda r: position[record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])])
+        if key_of(r) in position:
+            selected.setdefault(key_of(r), r)
+    return sorted(selected.values(), key=lambda r: position[key_of(r)])
 
 
 def _mean_step_length(turn: dict, tau_counts: str) -> float | None:
@@ -114,10 +146,10 @@ def summarize(
     for record in records:
         cells.setdefault((record["benchmark"], record["temperature"], record["verification"]), []).append(record)
     rows = []
-    for (benchmark, temperature, verification), cell in cells.items():
-        cell.sort(key=lambda r: r["prompt_index"])
+    for (benchmark, temperature, verification), all_records in cells.items():
+        cell = sorted((r for r in all_records if not r.get("skipped")), key=lambda r: r["prompt_index"])
         requests = [turn for record in cell for turn in record["turns"]]
-        block_size = cell[0]["block_size"]
+        block_size = all_records[0]["block_size"]
         # Replayed tau: only the requests decoded for real were timed; SR comes from them alone.
         timed = [t for t in requests if t.get("spec") is not None and t.get("ar") is not None]
         ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in timed) if timed else None
@@ -151,10 +183,12 @@ def summarize(
             "ar_tpot_s": ar_tpot,
             "spec_tpot_s": spec_tpot,
             "num_prompts": len(cell),
+            # requests that could run past the target's context (exceeds_context): skipped, not scored
+            "skipped_too_long": sum(r.get("skipped") == TOO_LONG for r in all_records),
             "num_requests": len(requests),
             "num_timed_requests": len(timed),
             "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in timed),
-            "tau_source": cell[0].get("tau_source", "decode"),
+            "tau_source": all_records[0].get("tau_source", "decode"),
             "replay_check": _replay_check(cell),
             "greedy_mismatches": mismatches,  # token positions that differ, over all requests
             "greedy_diverged_requests": diverged,

@@ -57,11 +57,16 @@ from dpace.evaluation.eval_records import (  # noqa: F401 (re-exported: the eval
     BLOCK_COLUMNS,
     GREEDY_TIE_MARGIN,
     TAU_COUNTS,
+    TOO_LONG,
     WARMUP_TOKENS,
     divergence_verdict,
     evaluation_plan,
+    exceeds_context,
+    key_of,
     load_benchmark,
+    prompt_checksum,
     record_key,
+    request_key,
     select_records,
     summarize,
 )
@@ -176,6 +181,7 @@ def _evaluate_prompt(
     return {
         "benchmark": benchmark,
         "id": str(row["id"]),
+        "prompt_checksum": prompt_checksum(row),
         "prompt_index": prompt_index,
         "temperature": float(temperature),
         "verification": verification,
@@ -202,11 +208,11 @@ def _warm_up(target, drafter, tokenizer, stops, text, temperatures, verification
 
 def _pending(plan, records, verification) -> dict[tuple[str, float], list[tuple[int, dict]]]:
     """The plan's requests not yet in ``records``, grouped by (benchmark, temperature)."""
-    done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in records}
+    done = {key_of(r) for r in records}
     todo: dict[tuple[str, float], list[tuple[int, dict]]] = {}
     for name, temperature, index, row in plan:
         pending = todo.setdefault((name, temperature), [])
-        if record_key(name, temperature, verification, row["id"]) not in done:
+        if request_key(name, temperature, verification, row) not in done:
             pending.append((index, row))
     return todo
 
@@ -229,6 +235,30 @@ def _check_made(records, records_path, **made) -> None:
 
 # The baseline's records are keyed like an evaluation's, with this in place of a verification rule.
 BASELINE = "autoregressive"
+
+
+def skipped_record(row, prompt_index, benchmark, temperature, verification, **made) -> dict:
+    """The record of a request skipped for the target's context (``exceeds_context``): counted, never scored."""
+    return {"benchmark": benchmark, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row),
+            "prompt_index": prompt_index, "temperature": float(temperature), "verification": verification,
+            **made, "skipped": TOO_LONG, "turns": []}
+
+
+def _fitting(pending, benchmark, temperature, verification, *, tokenizer, target, block_size, max_new_tokens, made,
+             appender, records) -> list[tuple[int, dict]]:
+    """``pending`` without the requests that could run past the target's context, recorded as skipped."""
+    context = int(target.config.max_position_embeddings)
+    fitting = []
+    for index, row in pending:
+        if exceeds_context(tokenizer, row, max_new_tokens=max_new_tokens, block_size=block_size, context=context):
+            record = skipped_record(row, index, benchmark, temperature, verification, **made)
+            print(f"{benchmark} {row['id']}: prompt + {max_new_tokens} new tokens + a block of {block_size} may pass "
+                  f"the target's context of {context} positions: skipped (skipped_too_long)", flush=True)
+            appender.write(record)
+            records.append(record)
+        else:
+            fitting.append((index, row))
+    return fitting
 
 
 def measure_baseline(
@@ -290,6 +320,9 @@ def measure_baseline(
         _warm_up(target, None, tokenizer, stops, first_row["turns"][0], temperatures, BASELINE, device)
         with JsonlAppender(records_path) as appender:
             for (name, temperature), pending in todo.items():
+                pending = _fitting(pending, name, temperature, BASELINE, tokenizer=tokenizer, target=target,
+                                   block_size=0, max_new_tokens=max_new_tokens, made=made, appender=appender,
+                                   records=records)
                 untimed = [(i, row) for i, row in pending if timed_prompts is not None and i >= timed_prompts]
                 for start in range(0, len(untimed), batch_size):
                     chunk = untimed[start : start + batch_size]
@@ -317,8 +350,9 @@ def measure_baseline(
                                       "prompt_ids": [int(t) for t in prompt_ids], "continuation_ids": continuation})
                         messages.append({"role": "assistant",
                                          "content": tokenizer.decode(ar.new_token_ids, skip_special_tokens=True)})
-                    record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index,
-                              "temperature": temperature, "verification": BASELINE, **made, "turns": turns}
+                    record = {"benchmark": name, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row),
+                              "prompt_index": index, "temperature": temperature, "verification": BASELINE, **made,
+                              "turns": turns}
                     appender.write(record)
                     records.append(record)
     selected = select_records(records, plan, BASELINE)
@@ -362,12 +396,12 @@ def _batched_answer_records(chunk, benchmark, temperature, *, target, tokenizer,
                                  "new_token_ids": answer, "prompt_ids": [int(t) for t in prompt_ids],
                                  "continuation_ids": continuation})
             messages[index].append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
-    return [{"benchmark": benchmark, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
-             "verification": BASELINE, "turns": turns[index]} for index, row in chunk]
+    return [{"benchmark": benchmark, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row), "prompt_index": index,
+             "temperature": temperature, "verification": BASELINE, "turns": turns[index]} for index, row in chunk]
 
 
 def feature_key(record: dict, turn: int) -> str:
-    return f"{record['benchmark']}|{float(record['temperature'])}|{record['id']}|{turn}"
+    return f"{record['benchmark']}|{float(record['temperature'])}|{record['id']}|{record['prompt_checksum']}|{turn}"
 
 
 def atomic_save_torch(path, value) -> None:
@@ -386,7 +420,13 @@ def load_baseline(path, *, max_new_tokens: int, seed: int, dtype: str | torch.dt
     records = read_partial_jsonl(path)
     _check_made(records, path, max_new_tokens=max_new_tokens, seed=seed, dtype=str(dtype).removeprefix("torch."),
                 target=target)
-    return zlib.crc32(path.read_bytes()), {(r["benchmark"], float(r["temperature"]), r["id"]): r for r in records}
+    return zlib.crc32(path.read_bytes()), {
+        (r["benchmark"], float(r["temperature"]), r["id"], r.get("prompt_checksum")): r for r in records}
+
+
+def baseline_key(benchmark: str, temperature: float, row: dict) -> tuple:
+    """The key of ``load_baseline``'s record of a planned request: only one of the very same prompt text."""
+    return (benchmark, float(temperature), str(row["id"]), prompt_checksum(row))
 
 
 def blocks_csv(records: Iterable[dict]) -> str:
@@ -469,8 +509,8 @@ def _replay_prompt(row, prompt_index, benchmark, temperature, verification, *, t
                                       drafter_margins=replayed.margins)
             turn["replay_check"] = previous = check
     return {
-        "benchmark": benchmark, "id": str(row["id"]), "prompt_index": prompt_index, "temperature": float(temperature),
-        "verification": verification, "max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
+        "benchmark": benchmark, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row),
+        "prompt_index": prompt_index, "temperature": float(temperature), "verification": verification, "max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
         "block_size": drafter.block_size, "turns": turns,
     }
 
@@ -538,7 +578,7 @@ def evaluate_drafter(
     if baseline_path is not None:
         baseline_id, baseline = load_baseline(baseline_path, max_new_tokens=max_new_tokens, seed=seed, dtype=dtype,
                                               target=target)
-        missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in baseline]
+        missing = [(name, t, row["id"]) for name, t, _, row in plan if baseline_key(name, t, row) not in baseline]
         if missing:
             raise ValueError(f"{baseline_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
     # Records of another drafter, target, dtype or baseline (or none) are stale: decoded again.
@@ -549,7 +589,7 @@ def evaluate_drafter(
     if tau == "replay":
         references_id, references = load_baseline(reference_path, max_new_tokens=max_new_tokens, seed=seed,
                                                   dtype=dtype, target=target)
-        missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in references]
+        missing = [(name, t, row["id"]) for name, t, _, row in plan if baseline_key(name, t, row) not in references]
         if missing:
             raise ValueError(f"{reference_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
         made.update(references=references_id, decoded_prompts=decoded_prompts,
@@ -575,20 +615,23 @@ def evaluate_drafter(
         features = _load_features(features_path, drafter) if tau == "replay" else {}
         with JsonlAppender(records_path) as appender:
             for (name, temperature), pending in todo.items():
+                pending = _fitting(pending, name, temperature, verification, tokenizer=tokenizer, target=target,
+                                   block_size=drafter.block_size, max_new_tokens=max_new_tokens,
+                                   made={**made, "block_size": drafter.block_size}, appender=appender, records=records)
                 for index, row in _progress(plan, name, temperature, pending):
                     if tau == "replay":
                         record = _replay_prompt(
                             row, index, name, temperature, verification, target=target, drafter=drafter,
                             tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
-                            device=device, decode_clock=decode_clock, reference=references[(name, temperature, str(row["id"]))],
+                            device=device, decode_clock=decode_clock, reference=references[baseline_key(name, temperature, row)],
                             features=features, decode=index < decoded_count(temperature), tie_margin=tie_margin,
-                            baseline=None if baseline is None else baseline[(name, temperature, str(row["id"]))],
+                            baseline=None if baseline is None else baseline[baseline_key(name, temperature, row)],
                             compare_steps=compare_steps)
                         record.update(made)
                         appender.write(record)
                         records.append(record)
                         continue
-                    base = None if baseline is None else baseline[(name, temperature, str(row["id"]))]
+                    base = None if baseline is None else baseline[baseline_key(name, temperature, row)]
                     if base is not None and base["turns"][0]["prompt_fingerprint"] != _prompt_fingerprint(
                             chat_prompt_ids(tokenizer, [{"role": "user", "content": row["turns"][0]}])):
                         raise ValueError(f"{baseline_path} timed another prompt for {name} {row['id']}")

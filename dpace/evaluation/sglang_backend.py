@@ -47,10 +47,14 @@ from pathlib import Path
 
 from dpace.evaluation.eval_records import (
     BLOCK_COLUMNS,
+    TOO_LONG,
     WARMUP_TOKENS,
     evaluation_plan,
+    exceeds_context,
+    key_of,
     load_benchmark,
-    record_key,
+    prompt_checksum,
+    request_key,
     select_records,
     summarize,
 )
@@ -250,6 +254,12 @@ def drafter_block_size(drafter_dir: str | Path) -> int:
     return int(size)
 
 
+def _context_length(model_path: str, trust_remote_code: bool) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).max_position_embeddings)
+
+
 def summarize_sglang(records: list[dict]) -> list[dict]:
     """``dpace.evaluation.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
     rows = summarize(records, request_tau=lambda turn: turn.get("spec_accept_length"))
@@ -286,8 +296,8 @@ def evaluate_sglang(
             "drafter": input_checksum(drafter_dir), "target": target_checksum(target_json)}
     finals = current_records(records_path, **made)
     spec_rows = current_records(spec_path, **made)
-    final_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in finals}
-    spec_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]): r for r in spec_rows}
+    final_done = {key_of(r) for r in finals}
+    spec_done = {key_of(r): r for r in spec_rows}
 
     def warm_up(server, text):
         ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
@@ -295,8 +305,15 @@ def evaluate_sglang(
             server.generate(ids, _sampling(temperature, WARMUP_TOKENS, stops))
 
     # Phase 1: the drafter server, every turn of every pending prompt.
-    todo = [w for w in wanted if record_key(w[0], w[1], verification, w[3]["id"]) not in final_done
-            and record_key(w[0], w[1], verification, w[3]["id"]) not in spec_done]
+    todo = [w for w in wanted if request_key(w[0], w[1], verification, w[3]) not in final_done
+            and request_key(w[0], w[1], verification, w[3]) not in spec_done]
+    context = _context_length(model_path, trust) if todo else 0
+    for name, temperature, index, row in [w for w in todo if exceeds_context(
+            tokenizer, w[3], max_new_tokens=max_new_tokens, block_size=block_size, context=context)]:
+        spec_done[request_key(name, temperature, verification, row)] = {
+            "benchmark": name, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row), "prompt_index": index,
+            "temperature": temperature, "verification": verification, **made, "skipped": TOO_LONG, "turns": []}
+    todo = [w for w in todo if request_key(w[0], w[1], verification, w[3]) not in spec_done]
     if todo:
         port = free_port()
         command = server_command(model_path, port, drafter=str(drafter_dir), block_size=block_size, seed=seed,
@@ -320,14 +337,17 @@ def evaluate_sglang(
                         **_acceptance(meta),
                     })
                     messages.append({"role": "assistant", "content": response.get("text", "")})
-                record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
-                          "verification": verification, **made, "turns": turns}
+                record = {"benchmark": name, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row),
+                          "prompt_index": index, "temperature": temperature, "verification": verification, **made,
+                          "turns": turns}
                 out.write(record)
-                spec_done[record_key(name, temperature, verification, row["id"])] = record
+                spec_done[request_key(name, temperature, verification, row)] = record
 
     # Phase 2: the same server without a drafter, on the very same token ids.
-    todo = [spec_done[k] for k in (record_key(w[0], w[1], verification, w[3]["id"]) for w in wanted)
+    todo = [spec_done[k] for k in (request_key(w[0], w[1], verification, w[3]) for w in wanted)
             if k not in final_done and k in spec_done]
+    finals += [record for record in todo if record.get("skipped")]  # nothing to time
+    todo = [record for record in todo if not record.get("skipped")]
     if todo:
         port = free_port()
         command = server_command(model_path, port, seed=seed, trust_remote_code=trust)
