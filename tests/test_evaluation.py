@@ -9,10 +9,12 @@ import shutil
 
 import pytest
 import torch
+from eval_calls import evaluate as evaluate_drafter
+from eval_calls import measure as measure_baseline
 from transformers import AutoConfig
 
 import dpace.evaluation.evaluate as evaluation
-from dpace.evaluation.evaluate import BLOCK_COLUMNS, evaluate_drafter, load_benchmark
+from dpace.evaluation.evaluate import BLOCK_COLUMNS, load_benchmark, summarize
 from dpace.io import atomic_write_jsonl
 from dpace.targets import prepare_target, target_checksum
 from dpace.training.drafter import drafter_config, save_drafter
@@ -323,7 +325,7 @@ def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, mo
     summary = evaluate_drafter(
         target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match", max_new_tokens=4,
         seed=7, records_path=tmp_path / "records.jsonl", summary_path=tmp_path / "summary.json",
-        blocks_path=tmp_path / "blocks.csv", sampled_prompts=1,
+        blocks_path=tmp_path / "blocks.csv", sampled_prompts_per_benchmark=1,
     )
     assert sorted(decoded) == sorted([("gsm8k", 0.0, "g0"), ("gsm8k", 0.0, "g1"), ("gsm8k", 1.0, "g0"),
                                       ("mt-bench", 0.0, "m0"), ("mt-bench", 0.0, "m1"), ("mt-bench", 1.0, "m0")])
@@ -359,7 +361,7 @@ def test_tau_counts_and_greedy_divergence_verdicts():
     assert dflash["greedy_ties"] == 1 and dflash["greedy_failures"] == 1 and dflash["greedy_tie_margin"] == 0.5
     assert [(d["id"], d["first_mismatch"], d["top2_margin"], d["verdict"]) for d in dflash["greedy_divergences"]] == [
         ("0", 7, 0.125, "tie"), ("1", 3, 4.0, "failure")]
-    (strict,) = summarize(records, tie_margin=0.1)
+    (strict,) = summarize(records, greedy_tie_margin=0.1)
     assert strict["greedy_ties"] == 0 and strict["greedy_failures"] == 2
     with pytest.raises(ValueError, match="tau_counts"):
         summarize(records, tau_counts="accepted")
@@ -398,7 +400,7 @@ def measure(setup, out, **overrides):
     root, target_json, _, files = setup
     kwargs = dict(temperatures=TEMPERATURES, max_new_tokens=MAX_NEW, seed=7, records_path=out / "baseline.records.jsonl",
                   out_path=out / "baseline.jsonl") | overrides
-    return evaluation.measure_baseline(target_json, files, **kwargs)
+    return measure_baseline(target_json, files, **kwargs)
 
 
 def run_with_baseline(setup, out, baseline_path):
@@ -616,7 +618,7 @@ def test_a_baseline_of_a_reworded_prompt_is_recomputed_and_not_used(setup, basel
     root, target_json, drafter_dir, _ = setup
     (tmp_path / "baseline.records.jsonl").write_text((path.parent / "baseline.records.jsonl").read_text())
     ar_calls = count_calls(monkeypatch, "autoregressive_generate")
-    again = evaluation.measure_baseline(target_json, files, temperatures=TEMPERATURES, max_new_tokens=MAX_NEW, seed=7,
+    again = measure_baseline(target_json, files, temperatures=TEMPERATURES, max_new_tokens=MAX_NEW, seed=7,
                                         records_path=tmp_path / "baseline.records.jsonl",
                                         out_path=tmp_path / "baseline.jsonl")
     assert len(ar_calls) == len(TEMPERATURES) + len(TEMPERATURES)  # warm-ups + g1 at each temperature
@@ -644,3 +646,39 @@ def test_a_request_past_the_targets_context_is_skipped_and_counted(setup, tmp_pa
     assert [(row["num_prompts"], row["skipped_too_long"], row["num_requests"]) for row in summary] == [(1, 1, 1)] * 2
     again = evaluate_into(setup, tmp_path, files=long_files)  # resumed: still counted, nothing decoded
     assert len(spec_calls) == 2 * len(TEMPERATURES) and [r["skipped_too_long"] for r in again] == [1, 1]
+
+
+# ---------------------------------------------------------------------------
+# EvalConfig: the eval section, its defaults and enums from the schema (issue 51)
+# ---------------------------------------------------------------------------
+
+
+def test_eval_config_takes_every_eval_key_its_default_and_its_enum_from_the_schema():
+    import dataclasses
+
+    from dpace.evaluation.decoding import _check_args
+    from dpace.evaluation.eval_config import EvalConfig
+    from dpace.schema import load_schema, schema_defaults
+
+    section = load_schema()["properties"]["eval"]
+    required = {"backend": "local", "temperatures": [0.0], "verification": "hard-match", "max_new_tokens": 4}
+    config = EvalConfig.from_config(required, seed=0)
+    fields = {f.name for f in dataclasses.fields(EvalConfig)}
+    assert set(section["properties"]) <= fields and fields - set(section["properties"]) == {"seed"}
+    assert {key: getattr(config, key) for key in schema_defaults("eval")} == schema_defaults("eval")
+    assert config.key()["greedy_tie_margin"] == section["properties"]["greedy_tie_margin"]["default"]
+    for name, spec in section["properties"].items():
+        for value in spec.get("enum", []):  # every value the schema allows is taken ...
+            EvalConfig.from_config({**required, name: value}, seed=0)
+        if "enum" in spec:  # ... and any other refused, by the key's name
+            with pytest.raises(ValueError, match=rf"eval\.{name} must be one of"):
+                EvalConfig.from_config({**required, name: "nonsense"}, seed=0)
+    for verification in section["properties"]["verification"]["enum"]:  # the decoder knows each of them
+        for clock in section["properties"]["decode_clock"]["enum"]:
+            _check_args(4, 1.0, verification, clock)
+    records = [{"benchmark": "b", "id": "0", "temperature": 0.0, "verification": "hard-match", "prompt_index": 0,
+                "block_size": 2, "turns": [{"turn": 0, "ar": None, "spec": None, "acceptance_lengths": [1],
+                                            "block_lengths": [2], "greedy": None}]}]
+    assert [summarize(records, tau_counts=t)[0]["tau"] for t in section["properties"]["tau_counts"]["enum"]] == [2, 1]
+    with pytest.raises(ValueError, match="unknown evaluation setting"):
+        EvalConfig.from_config({**required, "tie_margin": 0.5}, seed=0)  # the schema's names only

@@ -219,8 +219,9 @@ def _fake_drafter(tmp_path, block_size=4) -> Path:
 
 
 def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target_json, fake_sglang):
+    from eval_calls import sglang as evaluate_sglang
+
     from dpace.evaluation.evaluate import BLOCK_COLUMNS, summarize
-    from dpace.evaluation.sglang_backend import evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
@@ -265,7 +266,7 @@ def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target
 def _evaluate_twice(tmp_path, target_json, fake_sglang, change):
     """Evaluate a fake drafter at T=0, apply ``change(out, drafter)``, evaluate again: the second
     run's summary and the argv of every server it started."""
-    from dpace.evaluation.sglang_backend import evaluate_sglang
+    from eval_calls import sglang as evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"

@@ -50,18 +50,18 @@ import torch
 from torch.nn import functional as F
 from transformers import DynamicCache
 
+from dpace.evaluation.eval_config import DECODE_CLOCKS, VERIFICATIONS
 from dpace.gpus import device_clock
 from dpace.training.drafter import draft_output_head
 
-VERIFICATIONS = ("hard-match", "rejection")
-# Where the decode-time clock starts (the prefill is never in it):
+# The verification rules are VERIFICATIONS (the schema's eval.verification), described above.
+# Where the decode-time clock starts (DECODE_CLOCKS, the schema's eval.decode_clock) (the prefill is never in it):
 # "after-first-draft": DFlash's benchmark as released with the paper era's code (z-lab/dflash,
 #   Jan-Apr 2026: benchmark.py, then dflash/model.py) restarts the clock after the first draft call,
 #   which drafts from the whole prompt's context (the drafter's own prefill);
 # "after-prefill": dflash 0.1.0 on PyPI starts it right after the target's prefill, so the first
 #   draft call counts as decode time.
 # The autoregressive baseline has no draft call: both start after its prefill.
-DECODE_CLOCKS = ("after-first-draft", "after-prefill")
 
 
 # ---------------------------------------------------------------------------

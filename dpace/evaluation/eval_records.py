@@ -12,21 +12,21 @@ import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
 
+from dpace.evaluation.eval_config import DEFAULTS, GREEDY_TIE_MARGIN, TAU_COUNTS
 from dpace.io import read_jsonl
 
 BLOCK_COLUMNS = ["benchmark", "temperature", "prompt_index", "block_index", "tau_block", "sum_q", "surrogate", "turn"]
 WARMUP_TOKENS = 16
-# A step's length in tau and the histogram:
+# A step's length in tau and the histogram (TAU_COUNTS, the schema's eval.tau_counts):
 # "accepted-plus-bonus": accepted + 1 for every step, also the one in which a stop token ends the
 #   output (DFlash's benchmark, z-lab/dflash Jan-Apr 2026, which the paper's numbers come from);
 # "emitted": the tokens the step added to the output (dflash 0.1.0 on PyPI).
-TAU_COUNTS = ("accepted-plus-bonus", "emitted")
-# Greedy divergences in bf16: batched (verify) and one-token (autoregressive) forwards round
-# differently, so the two greedy streams part where the target's top two logits nearly tie. A
-# divergence whose top-2 margin is below this many logits is counted as such a numerical tie; any
-# other is a failure of losslessness. bf16 keeps 8 significant bits: a logit between 16 and 32 is
-# stored to 0.125, and a few such roundings through the layers move it by more than that.
-GREEDY_TIE_MARGIN = 0.5
+# Greedy divergences in bf16 (GREEDY_TIE_MARGIN, the schema's eval.greedy_tie_margin): batched (verify)
+# and one-token (autoregressive) forwards round differently, so the two greedy streams part where the
+# target's top two logits nearly tie. A divergence whose top-2 margin is below this many logits is
+# counted as such a numerical tie; any other is a failure of losslessness. bf16 keeps 8 significant
+# bits: a logit between 16 and 32 is stored to 0.125, and a few such roundings through the layers move
+# it by more than that.
 
 
 def load_benchmark(path: str | Path, name: str) -> list[dict]:
@@ -96,15 +96,15 @@ def evaluation_plan(
     ]
 
 
-def divergence_verdict(greedy: dict, tie_margin: float) -> str | None:
+def divergence_verdict(greedy: dict, greedy_tie_margin: float) -> str | None:
     """``None`` when the speculative and greedy outputs agree; else ``"tie"`` when the target's top-2
-    logit margin at the first divergence is below ``tie_margin``, ``"failure"`` when it is not, and
+    logit margin at the first divergence is below ``greedy_tie_margin``, ``"failure"`` when it is not, and
     ``"unknown"`` when no margin was measured (SGLang)."""
     if greedy["first_mismatch"] is None:
         return None
     if greedy.get("top2_margin") is None:
         return "unknown"
-    return "tie" if greedy["top2_margin"] < tie_margin else "failure"
+    return "tie" if greedy["top2_margin"] < greedy_tie_margin else "failure"
 
 
 def _step_lengths(turn: dict, tau_counts: str) -> list[int]:
@@ -130,7 +130,7 @@ def _mean_step_length(turn: dict, tau_counts: str) -> float | None:
 
 
 def summarize(
-    records: Iterable[dict], *, tau_counts: str = "accepted-plus-bonus", tie_margin: float = GREEDY_TIE_MARGIN,
+    records: Iterable[dict], *, tau_counts: str = DEFAULTS["tau_counts"], greedy_tie_margin: float = GREEDY_TIE_MARGIN,
     request_tau: Callable[[dict], float | None] | None = None,
 ) -> list[dict]:
     """One summary row per (benchmark, temperature, verification), DFlash's definitions.
@@ -166,7 +166,7 @@ def summarize(
                     if turn["greedy"] is None:  # replayed, not decoded
                         continue
                     mismatches += turn["greedy"]["mismatches"]
-                    verdict = divergence_verdict(turn["greedy"], tie_margin)
+                    verdict = divergence_verdict(turn["greedy"], greedy_tie_margin)
                     if verdict is not None:
                         diverged += 1
                         report = {"id": record["id"], "turn": turn["turn"], **turn["greedy"], "verdict": verdict}
@@ -188,14 +188,14 @@ def summarize(
             "num_requests": len(requests),
             "num_timed_requests": len(timed),
             "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in timed),
-            "tau_source": all_records[0].get("tau_source", "decode"),
+            "tau_source": all_records[0].get("tau", "decode"),
             "replay_check": _replay_check(cell),
             "greedy_mismatches": mismatches,  # token positions that differ, over all requests
             "greedy_diverged_requests": diverged,
             "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, verdict, ...}
             # every diverging request, each with the target's top-2 margin where the streams part
             "greedy_divergences": divergences,
-            "greedy_tie_margin": tie_margin,
+            "greedy_tie_margin": greedy_tie_margin,
             "greedy_ties": None if divergences is None else sum(d["verdict"] == "tie" for d in divergences),
             "greedy_failures": None if divergences is None else sum(d["verdict"] == "failure" for d in divergences),
             "tau_counts": tau_counts,

@@ -40,6 +40,7 @@ import csv
 import io
 import zlib
 from collections.abc import Iterable
+from dataclasses import dataclass
 from functools import partial
 from pathlib import Path
 
@@ -47,16 +48,20 @@ import torch
 from tqdm import tqdm
 
 from dpace.evaluation.decoding import (
-    DECODE_CLOCKS,
     autoregressive_generate,
     compare_to_greedy,
     speculative_generate,
     surrogate,
 )
-from dpace.evaluation.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
-    BLOCK_COLUMNS,
+from dpace.evaluation.eval_config import (  # noqa: F401 (re-exported: the evaluation's public names)
     GREEDY_TIE_MARGIN,
     TAU_COUNTS,
+    TAU_SOURCES,
+    EvalConfig,
+    ReferenceSettings,
+)
+from dpace.evaluation.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
+    BLOCK_COLUMNS,
     TOO_LONG,
     WARMUP_TOKENS,
     divergence_verdict,
@@ -237,11 +242,11 @@ def _check_made(records, records_path, **made) -> None:
 BASELINE = "autoregressive"
 
 
-def skipped_record(row, prompt_index, benchmark, temperature, verification, **made) -> dict:
-    """The record of a request skipped for the target's context (``exceeds_context``): counted, never scored."""
-    return {"benchmark": benchmark, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row),
-            "prompt_index": prompt_index, "temperature": float(temperature), "verification": verification,
-            **made, "skipped": TOO_LONG, "turns": []}
+def skipped_record(row, prompt_index, benchmark, temperature, made: dict) -> dict:
+    """The record of a request skipped for the target's context (``exceeds_context``): counted, never scored.
+    ``made``: the job's cache key, its verification rule included."""
+    return {**made, "benchmark": benchmark, "id": str(row["id"]), "prompt_checksum": prompt_checksum(row),
+            "prompt_index": prompt_index, "temperature": float(temperature), "skipped": TOO_LONG, "turns": []}
 
 
 def _fitting(pending, benchmark, temperature, verification, *, tokenizer, target, block_size, max_new_tokens, made,
@@ -251,7 +256,7 @@ def _fitting(pending, benchmark, temperature, verification, *, tokenizer, target
     fitting = []
     for index, row in pending:
         if exceeds_context(tokenizer, row, max_new_tokens=max_new_tokens, block_size=block_size, context=context):
-            record = skipped_record(row, index, benchmark, temperature, verification, **made)
+            record = skipped_record(row, index, benchmark, temperature, made)
             print(f"{benchmark} {row['id']}: prompt + {max_new_tokens} new tokens + a block of {block_size} may pass "
                   f"the target's context of {context} positions: skipped (skipped_too_long)", flush=True)
             appender.write(record)
@@ -264,23 +269,13 @@ def _fitting(pending, benchmark, temperature, verification, *, tokenizer, target
 def measure_baseline(
     target_json,
     benchmark_files: dict[str, str | Path],
+    config: EvalConfig,
     *,
-    temperatures,
-    max_new_tokens: int,
-    seed: int,
     records_path,
     out_path,
     device: str = "cpu",
-    dtype: str | torch.dtype = "float32",
-    sampled_prompts: int | None = None,
-    overrun: int = 0,
     features_path=None,
-    feature_layer_ids: list[int] | None = None,
-    feature_window: int = 0,
-    num_target_features: int = 3,
-    timed_prompts: int | None = None,
-    batch_size: int = 1,
-    share_features: bool = True,
+    reference: ReferenceSettings | None = None,
 ) -> list[dict]:
     """Time the target decoding alone on every request of the evaluation plan; write ``out_path``.
 
@@ -292,24 +287,30 @@ def measure_baseline(
     tau reads. Request seeds are the ones ``evaluate_drafter`` gives its in-process baseline, so both
     sample the same answers. Resumable through ``records_path`` like ``evaluate_drafter``.
 
-    ``features_path``: also write the target's context features (``feature_layer_ids``) of every
+    ``config``: the evaluation's settings (its temperatures, max_new_tokens, seed, dtype,
+    sampled_prompts_per_benchmark and shared_features are read); ``reference``: how the answers are made.
+
+    ``features_path``: also write the target's context features (``reference.feature_layer_ids``) of every
     turn's prompt + answer, once for every drafter's replay: a dict by ``feature_key`` of (first
     position, [positions, features] tensor in ``dtype``); with ``feature_window`` W > 0 only from W
     positions before the answer (what a sliding-window drafter can see), else from position 0.
 
-    ``timed_prompts``: only the first N prompts of each benchmark and temperature are decoded batch-1
+    ``reference.timed_prompts``: only the first N prompts of each benchmark and temperature are decoded batch-1
     and timed (the ones an evaluation decodes for real, whose answers its exactness check compares
     with); the others' answers come from ``dpace.evaluation.replay.batched_answers`` in batches of
-    ``batch_size``, with ``"ar": None`` (None: every prompt timed). ``share_features=False`` writes
+    ``batch_size``, with ``"ar": None`` (None: every prompt timed). ``shared_features=False`` writes
     ``features_path`` empty: each evaluation then computes the features itself (one target forward per
     request), for long answers of wide targets whose features would not fit on disk.
     """
-    dtype_name = str(dtype).removeprefix("torch.")
+    reference = reference or ReferenceSettings()
+    dtype_name, temperatures = config.dtype, list(config.temperatures)
+    max_new_tokens, seed, overrun, timed_prompts = config.max_new_tokens, config.seed, reference.overrun, \
+        reference.timed_prompts
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
-    temperatures = [float(t) for t in temperatures]
-    plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
-    made = {"max_new_tokens": max_new_tokens, "seed": seed, "dtype": dtype_name, "target": target_checksum(target_json),
-            "sampling": "keyed", "overrun": overrun, "timed_prompts": timed_prompts}
+    plan = evaluation_plan(benchmarks, temperatures, config.sampled_prompts_per_benchmark)
+    # Records of another target or other settings are stale: answered again.
+    made = {**config.key(), **reference.key(), "verification": BASELINE, "target": target_checksum(target_json),
+            "sampling": "keyed"}
     records = current_records(records_path, **made)
     todo = _pending(plan, records, BASELINE)
     target = tokenizer = None
@@ -324,8 +325,8 @@ def measure_baseline(
                                    block_size=0, max_new_tokens=max_new_tokens, made=made, appender=appender,
                                    records=records)
                 untimed = [(i, row) for i, row in pending if timed_prompts is not None and i >= timed_prompts]
-                for start in range(0, len(untimed), batch_size):
-                    chunk = untimed[start : start + batch_size]
+                for start in range(0, len(untimed), reference.batch_size):
+                    chunk = untimed[start : start + reference.batch_size]
                     for record in _batched_answer_records(chunk, name, temperature, target=target, tokenizer=tokenizer,
                                                           stops=stops, seed=seed, max_new_tokens=max_new_tokens,
                                                           overrun=overrun):
@@ -356,13 +357,16 @@ def measure_baseline(
                     appender.write(record)
                     records.append(record)
     selected = select_records(records, plan, BASELINE)
-    if features_path is not None and not share_features:  # an empty file: evaluations compute their own
+    if features_path is not None and not config.shared_features:  # an empty file: evaluations compute their own
         atomic_save_torch(features_path, {"layer_ids": [], "dtype": dtype_name, "features": {}})
     elif features_path is not None:
         if target is None:
             target, _ = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
+        feature_layer_ids, feature_window = reference.feature_layer_ids, reference.feature_window
         if feature_layer_ids is None:  # the drafters' default (SpecForge's build_target_layer_ids)
-            feature_layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
+            if reference.num_target_features is None:
+                raise ValueError("shared features need feature_layer_ids or num_target_features")
+            feature_layer_ids = default_target_layer_ids(target.config.num_hidden_layers, reference.num_target_features)
         features = {}
         for record in tqdm(selected, desc="features", unit="prompt"):
             for turn in record["turns"]:
@@ -446,7 +450,6 @@ def blocks_csv(records: Iterable[dict]) -> str:
     return out.getvalue()
 
 
-TAU_SOURCES = ("decode", "replay")
 
 
 class ReplayMismatch(RuntimeError):
@@ -505,7 +508,7 @@ def _replay_prompt(row, prompt_index, benchmark, temperature, verification, *, t
                 divergence = compare_to_greedy(real["new_token_ids"], ref_turn["new_token_ids"], target,
                                                ref_turn["prompt_ids"], temperature=temperature,
                                                sampling_key=_sampling_key(temperature, verification, request_seed))
-                check = compare_steps(turn, real, tie_margin=tie_margin, target_divergence=divergence,
+                check = compare_steps(turn, real, greedy_tie_margin=tie_margin, target_divergence=divergence,
                                       drafter_margins=replayed.margins)
             turn["replay_check"] = previous = check
     return {
@@ -515,64 +518,60 @@ def _replay_prompt(row, prompt_index, benchmark, temperature, verification, *, t
     }
 
 
+@dataclass(frozen=True)
+class TargetAnswers:
+    """``measure_baseline``'s outputs an evaluation reads: ``baseline``, its times and greedy tokens (the
+    autoregressive half; None: decoded here); ``reference``, its answers replayed tau reads (the same file
+    where both are shared); ``features``, their context features (None or other layers: recomputed)."""
+
+    baseline: str | Path | None = None
+    reference: str | Path | None = None
+    features: str | Path | None = None
+
+
 def evaluate_drafter(
     target_json,
     drafter_dir,
     benchmark_files: dict[str, str | Path],
+    config: EvalConfig,
     *,
-    temperatures,
-    verification: str,
-    max_new_tokens: int,
-    seed: int,
     records_path,
     summary_path,
     blocks_path,
-    check_greedy: bool = True,
     device: str = "cpu",
-    dtype: str | torch.dtype = "float32",
-    sampled_prompts: int | None = None,
-    decode_clock: str = "after-first-draft",
-    tau_counts: str = "accepted-plus-bonus",
-    tie_margin: float = GREEDY_TIE_MARGIN,
-    baseline_path: str | Path | None = None,
-    tau: str = "decode",
-    reference_path: str | Path | None = None,
-    features_path: str | Path | None = None,
-    decoded_prompts: int | None = None,
-    sampled_decoded_prompts: int | None = None,
+    answers: TargetAnswers | None = None,
     compare_steps=compare_replay,
 ) -> list[dict]:
-    """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
+    """Evaluate a drafter on every benchmark and temperature of ``config``; return (and write) the summary rows.
 
-    ``tau``: "decode" (every request decoded speculatively, as DFlash's benchmark) or "replay":
+    ``config.tau``: "decode" (every request decoded speculatively, as DFlash's benchmark) or "replay":
     every request's steps are replayed over the target's answer (``dpace.evaluation.replay``) from
-    ``reference_path`` (a ``measure_baseline`` file made with an overrun; ``features_path`` its
+    ``answers.reference`` (a ``measure_baseline`` file made with an overrun; ``answers.features`` its
     features, recomputed here when absent or made for other layers), and only the first
-    ``decoded_prompts`` prompts of each benchmark and temperature (``sampled_decoded_prompts`` at T > 0,
-    None: the same) are decoded for real: their times
+    ``decoded_prompts_per_benchmark`` prompts of each benchmark and temperature
+    (``sampled_decoded_prompts_per_benchmark`` at T > 0, None: the same) are decoded for real: their times
     give SR, and their step lengths are compared with the replayed ones (``compare_steps``,
     ``dpace.evaluation.replay.compare_replay``). A difference that is not a near-tie fails the evaluation
     (``ReplayMismatch``, naming the request and answer position) after the records are written.
 
-    ``baseline_path``: a ``measure_baseline`` file with the same plan, ``max_new_tokens``, seed and
+    ``answers.baseline``: a ``measure_baseline`` file with the same plan, ``max_new_tokens``, seed and
     dtype, whose times and greedy tokens stand for the autoregressive half (None: decode it here).
 
-    Target and drafter run in ``dtype`` ("float32" or "bfloat16"; in bf16, batched and one-token
+    Target and drafter run in ``config.dtype`` ("float32" or "bfloat16"; in bf16, batched and one-token
     forwards round differently, so greedy outputs can part at near-ties: divergences below
-    ``tie_margin`` are counted as ties, others as failures, see ``divergence_verdict``).
+    ``greedy_tie_margin`` are counted as ties, others as failures, see ``divergence_verdict``).
     """
-    if tau_counts not in TAU_COUNTS:
-        raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
-    if tau not in TAU_SOURCES:
-        raise ValueError(f"tau must be one of {TAU_SOURCES}, got {tau!r}")
+    config.check()
+    answers = answers or TargetAnswers()
+    tau, verification, max_new_tokens, seed = config.tau, config.verification, config.max_new_tokens, config.seed
+    decode_clock, tie_margin, check_greedy = config.decode_clock, config.greedy_tie_margin, True
+    baseline_path, reference_path, features_path = answers.baseline, answers.reference, answers.features
     if tau == "replay" and (reference_path is None or verification != "hard-match"):
         raise ValueError("tau='replay' needs reference answers (reference_path) and hard-match verification")
-    if decode_clock not in DECODE_CLOCKS:
-        raise ValueError(f"decode_clock must be one of {DECODE_CLOCKS}, got {decode_clock!r}")
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
+    dtype = getattr(torch, config.dtype)
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
-    temperatures = [float(t) for t in temperatures]
-    plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
+    temperatures = list(config.temperatures)
+    plan = evaluation_plan(benchmarks, temperatures, config.sampled_prompts_per_benchmark)
     target = target_checksum(target_json)
     baseline_id, baseline = None, None
     if baseline_path is not None:
@@ -582,9 +581,8 @@ def evaluate_drafter(
         if missing:
             raise ValueError(f"{baseline_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
     # Records of another drafter, target, dtype or baseline (or none) are stale: decoded again.
-    made = {"max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
-            "dtype": str(dtype).removeprefix("torch."), "drafter": input_checksum(drafter_dir),
-            "target": target, "ar_baseline": baseline_id, "tau_source": tau, "sampling": "keyed"}
+    made = {**config.key(), "drafter": input_checksum(drafter_dir), "target": target, "ar_baseline": baseline_id,
+            "references": None, "sampling": "keyed"}
     references = None
     if tau == "replay":
         references_id, references = load_baseline(reference_path, max_new_tokens=max_new_tokens, seed=seed,
@@ -592,12 +590,8 @@ def evaluate_drafter(
         missing = [(name, t, row["id"]) for name, t, _, row in plan if baseline_key(name, t, row) not in references]
         if missing:
             raise ValueError(f"{reference_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
-        made.update(references=references_id, decoded_prompts=decoded_prompts,
-                    sampled_decoded_prompts=sampled_decoded_prompts)
-
-    def decoded_count(temperature) -> int:
-        count = decoded_prompts if temperature == 0 or sampled_decoded_prompts is None else sampled_decoded_prompts
-        return count or 0
+        made.update(references=references_id)
+    decoded_count = config.decoded_prompts
 
     records = current_records(records_path, **made)
     todo = _pending(plan, records, verification)
@@ -645,7 +639,7 @@ def evaluate_drafter(
                     records.append(record)
 
     selected = select_records(records, plan, verification)
-    summary = summarize(selected, tau_counts=tau_counts, tie_margin=tie_margin)
+    summary = summarize(selected, tau_counts=config.tau_counts, greedy_tie_margin=tie_margin)
     for row in summary:
         for divergence in row["greedy_divergences"] or []:
             margin = divergence["top2_margin"]

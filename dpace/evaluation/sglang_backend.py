@@ -45,6 +45,7 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpace.evaluation.eval_config import GREEDY_TIE_MARGIN, EvalConfig
 from dpace.evaluation.eval_records import (
     BLOCK_COLUMNS,
     TOO_LONG,
@@ -260,9 +261,10 @@ def _context_length(model_path: str, trust_remote_code: bool) -> int:
     return int(AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).max_position_embeddings)
 
 
-def summarize_sglang(records: list[dict]) -> list[dict]:
+def summarize_sglang(records: list[dict], greedy_tie_margin: float = GREEDY_TIE_MARGIN) -> list[dict]:
     """``dpace.evaluation.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
-    rows = summarize(records, request_tau=lambda turn: turn.get("spec_accept_length"))
+    rows = summarize(records, request_tau=lambda turn: turn.get("spec_accept_length"),
+                     greedy_tie_margin=greedy_tie_margin)
     for row in rows:
         turns = [t for r in records if (r["benchmark"], r["temperature"], r["verification"])
                  == (row["benchmark"], row["temperature"], row["verification"]) for t in r["turns"]]
@@ -273,26 +275,30 @@ def summarize_sglang(records: list[dict]) -> list[dict]:
 
 
 def evaluate_sglang(
-    target_json, drafter_dir, benchmark_files: dict[str, str | Path], *, temperatures, verification: str,
-    max_new_tokens: int, seed: int, records_path, summary_path, blocks_path, log_dir,
-    startup_timeout_s: float = 1800.0, sampled_prompts: int | None = None,
+    target_json, drafter_dir, benchmark_files: dict[str, str | Path], config: EvalConfig, *, records_path,
+    summary_path, blocks_path, log_dir, startup_timeout_s: float = 1800.0,
 ) -> list[dict]:
     """Evaluate a drafter with SGLang's DFLASH speculative decoding; the arguments and outputs of
-    ``dpace.evaluation.evaluate.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
+    ``dpace.evaluation.evaluate.evaluate_drafter`` (the local backend), plus SGLang's log folder.
+    SGLang decodes every request (``config.tau`` "decode") and applies its own verification rule."""
     from dpace.targets import chat_prompt_ids, load_tokenizer, model_location, stop_token_ids, target_checksum
 
+    config.check()
+    if config.tau != "decode":
+        raise ValueError(f"eval.backend sglang decodes every request: tau must be 'decode', got {config.tau!r}")
+    verification, max_new_tokens, seed = config.verification, config.max_new_tokens, config.seed
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
-    temperatures = [float(t) for t in temperatures]
+    temperatures = list(config.temperatures)
     block_size = drafter_block_size(drafter_dir)
     model_path, trust = model_location(target_json)
     tokenizer = load_tokenizer(target_json)
     stops = stop_token_ids(tokenizer)
     records_path, log_dir = Path(records_path), Path(log_dir)
     spec_path = Path(f"{records_path}.spec")
-    wanted = evaluation_plan(benchmarks, temperatures, sampled_prompts)
+    wanted = evaluation_plan(benchmarks, temperatures, config.sampled_prompts_per_benchmark)
 
     # Records of another drafter, target or setting are stale (the job reran because one changed).
-    made = {"max_new_tokens": max_new_tokens, "seed": seed, "block_size": block_size,
+    made = {**config.key(), "block_size": block_size,
             "drafter": input_checksum(drafter_dir), "target": target_checksum(target_json)}
     finals = current_records(records_path, **made)
     spec_rows = current_records(spec_path, **made)
@@ -372,7 +378,7 @@ def evaluate_sglang(
                 finals.append(record)
 
     rows = select_records(finals, wanted, verification)
-    summary = summarize_sglang(rows)
+    summary = summarize_sglang(rows, greedy_tie_margin=config.greedy_tie_margin)
     atomic_write_json(summary_path, summary)
     atomic_write_text(blocks_path, ",".join(BLOCK_COLUMNS) + "\n")
     return summary

@@ -1,6 +1,8 @@
 # Stage 6: speculative decoding on the benchmarks; tau, speedup and per-block records.
 # Timing jobs take every core so that two of them never share the CPU and skew each other's SR.
 
+from dpace.evaluation.eval_config import BASELINE_SETTINGS
+
 rule autoregressive_baseline:
     input:
         target=f"{RESULTS}/targets/{{target}}/target.json",
@@ -15,19 +17,22 @@ rule autoregressive_baseline:
     benchmark:
         f"{RESULTS}/benchmarks/eval/{{target}}/autoregressive-baseline.tsv"
     params:
-        temperatures=BASELINE_TEMPERATURES,
-        max_new_tokens=config["eval"]["max_new_tokens"],
-        sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
-        seed=config["seed"],
-        dtype=config["eval"]["dtype"],
-        overrun=REPLAY_OVERRUN,
-        # replayed tau: batch-1 (timed) answers for the prompts evaluations decode, batched ones for the rest
-        timed_prompts=BASELINE_TIMED_PROMPTS,
-        batch_size=config["responses"]["batch_size"],
-        share_features=config["eval"]["shared_features"],
-        num_target_features=config["features"]["num_target_features"],
-        target_layer_ids=config["features"]["target_layer_ids"],
-        feature_window=config["train"]["sliding_window"],
+        # dpace.evaluation.eval_config.EvalConfig: the eval settings the target's answers depend on
+        eval={
+            **{key: config["eval"][key] for key in BASELINE_SETTINGS},
+            "temperatures": BASELINE_TEMPERATURES,
+            "seed": config["seed"],
+        },
+        # ReferenceSettings; replayed tau: batch-1 (timed) answers for the prompts evaluations decode,
+        # batched ones for the rest
+        reference={
+            "overrun": REPLAY_OVERRUN,
+            "timed_prompts": BASELINE_TIMED_PROMPTS,
+            "batch_size": config["responses"]["batch_size"],
+            "num_target_features": config["features"]["num_target_features"],
+            "feature_layer_ids": config["features"]["target_layer_ids"],
+            "feature_window": config["train"]["sliding_window"],
+        },
         records=f"{SCRATCH}/eval/{{target}}/autoregressive-baseline.records.jsonl",
         code=script_fingerprint("autoregressive_baseline.py"),
     threads: JOB_THREADS
@@ -58,19 +63,15 @@ rule evaluate:
         suite="|".join(SUITES),
     params:
         drafter=lambda wildcards: f"{RESULTS}/drafters/{wildcards.target}/{wildcards.variant}/epoch-{wildcards.epoch}",
-        temperatures=lambda wildcards: SUITES[wildcards.suite]["temperatures"],
-        verification=config["eval"]["verification"],
-        max_new_tokens=config["eval"]["max_new_tokens"],
-        sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
-        seed=config["seed"],
-        backend=eval_backend,
-        dtype=config["eval"]["dtype"],
-        decode_clock=config["eval"]["decode_clock"],
-        tau_counts=config["eval"]["tau_counts"],
-        greedy_tie_margin=config["eval"]["greedy_tie_margin"],
-        tau=lambda wildcards: "replay" if replay_covered(wildcards) else "decode",
-        decoded_prompts=config["eval"]["decoded_prompts_per_benchmark"],
-        sampled_decoded_prompts=config["eval"]["sampled_decoded_prompts_per_benchmark"],
+        # dpace.evaluation.eval_config.EvalConfig: the eval section, the suite's temperatures and backend,
+        # the seed, and tau as the suite can have it (replay only where the shared reference answers cover it)
+        eval=lambda wildcards: {
+            **config["eval"],
+            "temperatures": SUITES[wildcards.suite]["temperatures"],
+            "backend": eval_backend(wildcards),
+            "seed": config["seed"],
+            "tau": "replay" if replay_covered(wildcards) else "decode",
+        },
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=script_fingerprint("evaluate.py"),
     threads: JOB_THREADS
