@@ -319,9 +319,9 @@ def test_summary_rows_carry_each_request_for_paired_intervals(first_run):
 def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, monkeypatch):
     root, target_json, drafter_dir, files = setup
     decoded = []
-    original = evaluation._evaluate_prompt
-    monkeypatch.setattr(evaluation, "_evaluate_prompt", lambda row, index, name, temperature, *a, **k: decoded.append(
-        (name, temperature, row["id"])) or original(row, index, name, temperature, *a, **k))
+    original = evaluation._Decode.decode
+    monkeypatch.setattr(evaluation._Decode, "decode", lambda self, request: decoded.append(
+        (request.benchmark, request.temperature, request.row["id"])) or original(self, request))
     summary = evaluate_drafter(
         target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match", max_new_tokens=4,
         seed=7, records_path=tmp_path / "records.jsonl", summary_path=tmp_path / "summary.json",

@@ -11,6 +11,7 @@ import statistics
 import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
 from dpace.evaluation.eval_config import DEFAULTS, GREEDY_TIE_MARGIN, TAU_COUNTS
 from dpace.io import read_jsonl
@@ -57,6 +58,11 @@ def request_key(benchmark: str, temperature: float, verification: str, row: dict
     return record_key(benchmark, temperature, verification, row["id"], prompt_checksum(row))
 
 
+def keyed_by(verification: str) -> Callable[[Request], tuple]:
+    """The record key of a planned request measured with ``verification`` (or the baseline's name)."""
+    return lambda request: request_key(request.benchmark, request.temperature, verification, request.row)
+
+
 def key_of(record: dict) -> tuple:
     """The key of a stored record; one of a row's former text (or older, without a checksum) matches no request."""
     return record_key(record["benchmark"], record["temperature"], record["verification"], record["id"],
@@ -78,9 +84,18 @@ def exceeds_context(tokenizer, row: dict, *, max_new_tokens: int, block_size: in
     return prompt + len(row["turns"]) * max_new_tokens + block_size > context
 
 
+class Request(NamedTuple):
+    """One planned request: a benchmark row (every turn of it) at one temperature."""
+
+    benchmark: str
+    temperature: float
+    index: int  # the row's place in its benchmark
+    row: dict
+
+
 def evaluation_plan(
     benchmarks: dict[str, list[dict]], temperatures, sampled_prompts: int | None = None
-) -> list[tuple[str, float, int, dict]]:
+) -> list[Request]:
     """(benchmark, temperature, prompt index, row) for every request to decode, benchmark by benchmark.
 
     Every prompt at T = 0; at T > 0 only the first ``sampled_prompts`` of each benchmark (None: all),
@@ -88,7 +103,7 @@ def evaluation_plan(
     the same plan, so comparisons between drafters stay paired.
     """
     return [
-        (name, float(temperature), index, row)
+        Request(name, float(temperature), index, row)
         for name, rows in benchmarks.items()
         for temperature in temperatures
         for index, row in enumerate(rows)
@@ -113,10 +128,10 @@ def _step_lengths(turn: dict, tau_counts: str) -> list[int]:
     return turn["acceptance_lengths"]  # SGLang reports only what the steps emitted
 
 
-def select_records(records: Iterable[dict], plan: list[tuple[str, float, int, dict]], verification: str) -> list[dict]:
-    """The first record of every request of ``plan`` (see ``evaluation_plan``), in the plan's order
-    (benchmark, temperature, prompt); records of other runs in the same file are left out."""
-    position = {request_key(name, t, verification, row): i for i, (name, t, _, row) in enumerate(plan)}
+def select_records(records: Iterable[dict], plan: list[Request], key: Callable[[Request], tuple]) -> list[dict]:
+    """The first record of every request of ``plan`` (see ``evaluation_plan``; ``key``: a request's record
+    key), in the plan's order (benchmark, temperature, prompt); records of other runs are left out."""
+    position = {key(request): i for i, request in enumerate(plan)}
     selected: dict[tuple, dict] = {}
     for r in records:  # first record per request wins
         if key_of(r) in position:
