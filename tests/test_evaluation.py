@@ -682,3 +682,55 @@ def test_eval_config_takes_every_eval_key_its_default_and_its_enum_from_the_sche
     assert [summarize(records, tau_counts=t)[0]["tau"] for t in section["properties"]["tau_counts"]["enum"]] == [2, 1]
     with pytest.raises(ValueError, match="unknown evaluation setting"):
         EvalConfig.from_config({**required, "tie_margin": 0.5}, seed=0)  # the schema's names only
+
+
+def test_run_requests_resumes_appends_skips_and_selects_in_the_plans_order(tmp_path):
+    """The one skeleton every measurement runs on: a killed run keeps what it finished, a rerun handles only
+    the rest (a session opened only when something is pending), a request that does not fit is recorded
+    as skipped without being handled, and the records come back in the plan's order with the job's key."""
+    import contextlib
+
+    from dpace.evaluation.eval_records import evaluation_plan, keyed_by
+    from dpace.evaluation.requests import Records, RequestHandler, RequestRecord, run_requests
+
+    benchmarks = {"a": [{"id": "0", "turns": ["x"]}, {"id": "1", "turns": ["y", "w"]}], "b": [{"id": "0", "turns": ["z"]}]}
+    plan = evaluation_plan(benchmarks, [0.0, 1.0])
+
+    class Handler(RequestHandler):
+        verification = "v"
+
+        def __init__(self, die_after=None):
+            self.handled, self.sessions, self.die_after = [], 0, die_after
+
+        def fits(self, request):
+            return request.row["turns"] != ["z"]
+
+        @contextlib.contextmanager
+        def session(self, pending):
+            self.sessions += 1
+            yield
+
+        def __call__(self, batch):
+            if self.die_after is not None and len(self.handled) == self.die_after:
+                raise KeyboardInterrupt
+            self.handled += [(r.benchmark, r.temperature, r.row["id"]) for r in batch]
+            return [RequestRecord.of(r, "v", [{"turn": i} for i in range(len(r.row["turns"]))]) for r in batch]
+
+    path, made, key = tmp_path / "records.jsonl", {"setting": 1}, keyed_by("v")
+    killed = Handler(die_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_requests(plan, Records(path, made), key, killed)
+    resumed = Handler()
+    records = run_requests(plan, Records(path, made), key, resumed)
+    assert killed.handled == [("a", 0.0, "0"), ("a", 0.0, "1")]
+    assert resumed.handled == [("a", 1.0, "0"), ("a", 1.0, "1")] and resumed.sessions == 1
+    assert [(r["benchmark"], r["temperature"], r["id"], r.get("skipped")) for r in records] == [
+        ("a", 0.0, "0", None), ("a", 0.0, "1", None), ("a", 1.0, "0", None), ("a", 1.0, "1", None),
+        ("b", 0.0, "0", "too_long"), ("b", 1.0, "0", "too_long")]
+    assert all(r["setting"] == 1 and r["verification"] == "v" for r in records)
+    assert [len(r["turns"]) for r in records] == [1, 2, 1, 2, 0, 0]
+    again = Handler()
+    assert run_requests(plan, Records(path, made), key, again) == records and again.sessions == 0
+    stale = Handler()  # another setting: every record is stale, every request measured again
+    run_requests(plan, Records(path, {"setting": 2}), key, stale)
+    assert len(stale.handled) == 4

@@ -175,19 +175,8 @@ def summarize(
         histogram = [lengths.count(b) / len(lengths) if lengths else 0.0 for b in range(block_size + 1)]
         mismatches, diverged, first, divergences = None, None, None, None
         if temperature == 0 and any(t["greedy"] is not None for t in requests):
-            mismatches, diverged, divergences = 0, 0, []
-            for record in cell:
-                for turn in record["turns"]:
-                    if turn["greedy"] is None:  # replayed, not decoded
-                        continue
-                    mismatches += turn["greedy"]["mismatches"]
-                    verdict = divergence_verdict(turn["greedy"], greedy_tie_margin)
-                    if verdict is not None:
-                        diverged += 1
-                        report = {"id": record["id"], "turn": turn["turn"], **turn["greedy"], "verdict": verdict}
-                        divergences.append(report)
-                        if first is None:
-                            first = report
+            mismatches, divergences = _greedy_divergences(cell, greedy_tie_margin)
+            diverged, first = len(divergences), divergences[0] if divergences else None
         rows.append({
             "benchmark": benchmark,
             "temperature": temperature,
@@ -216,15 +205,34 @@ def summarize(
             "tau_counts": tau_counts,
             "acceptance_histogram": histogram,
             # Per request, for paired bootstrap intervals between drafters (dpace.report.intervals).
-            "requests": [
-                {"id": record["id"], "turn": turn["turn"],
-                 "tau": request_tau(turn),
-                 "ar_tpot_s": turn["ar"]["time_per_output_token_s"] if turn.get("ar") else None,
-                 "spec_tpot_s": turn["spec"]["time_per_output_token_s"] if turn.get("spec") else None}
-                for record in cell for turn in record["turns"]
-            ],
+            "requests": _per_request(cell, request_tau),
         })
     return rows
+
+
+def _greedy_divergences(cell: list[dict], greedy_tie_margin: float) -> tuple[int, list[dict]]:
+    """Token positions that differ from greedy decoding over a cell's decoded requests, and every diverging
+    request with its verdict (``divergence_verdict``), in the cell's order."""
+    mismatches, divergences = 0, []
+    for record in cell:
+        for turn in record["turns"]:
+            if turn["greedy"] is None:  # replayed, not decoded
+                continue
+            mismatches += turn["greedy"]["mismatches"]
+            verdict = divergence_verdict(turn["greedy"], greedy_tie_margin)
+            if verdict is not None:
+                divergences.append({"id": record["id"], "turn": turn["turn"], **turn["greedy"], "verdict": verdict})
+    return mismatches, divergences
+
+
+def _per_request(cell: list[dict], request_tau) -> list[dict]:
+    return [
+        {"id": record["id"], "turn": turn["turn"],
+         "tau": request_tau(turn),
+         "ar_tpot_s": turn["ar"]["time_per_output_token_s"] if turn.get("ar") else None,
+         "spec_tpot_s": turn["spec"]["time_per_output_token_s"] if turn.get("spec") else None}
+        for record in cell for turn in record["turns"]
+    ]
 
 
 def _replay_check(cell: list[dict]) -> dict | None:
