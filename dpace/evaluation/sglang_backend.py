@@ -274,6 +274,37 @@ def summarize_sglang(records: list[dict], greedy_tie_margin: float = GREEDY_TIE_
     return rows
 
 
+@dataclass
+class SpeculativeTurn:
+    """One turn answered by the DFLASH server (phase 1): its prompt and output ids, its timing and SGLang's
+    speculative counters (``_acceptance``)."""
+
+    turn: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    spec: dict
+    spec_accept_length: float | None
+    spec_verify_ct: int | None
+    acceptance_lengths: list[int]
+    has_histogram: bool
+
+
+@dataclass
+class ServedTurn:
+    """A turn's final record: phase 1's counters, the autoregressive server's time on the same prompt ids
+    and, at T = 0, the two servers' token ids compared (``_greedy``); SGLang exposes no per-block q."""
+
+    turn: int
+    spec: dict
+    spec_accept_length: float | None
+    spec_verify_ct: int | None
+    acceptance_lengths: list[int]
+    has_histogram: bool
+    ar: dict
+    blocks: list
+    greedy: dict | None
+
+
 class _Served(RequestHandler):
     """What both SGLang phases share: the target's tokenizer, and a loopback server (with the drafter or
     without) started, and warmed up, only when a request of its phase is pending."""
@@ -332,9 +363,9 @@ class _Speculative(_Served):
         def answer(request, turn_index, prompt_ids):
             response, seconds = self.server.generate(prompt_ids, self.sampling(request.temperature))
             meta, output_ids = response.get("meta_info") or {}, _output_ids(response, self.tokenizer)
-            return {"turn": turn_index, "prompt_ids": prompt_ids, "output_ids": output_ids,
-                    "spec": _timing(len(prompt_ids), len(output_ids), seconds, meta),
-                    **_acceptance(meta)}, response.get("text", "")
+            return SpeculativeTurn(turn=turn_index, prompt_ids=prompt_ids, output_ids=output_ids,
+                                   spec=_timing(len(prompt_ids), len(output_ids), seconds, meta),
+                                   **_acceptance(meta)), response.get("text", "")
 
         return [RequestRecord.of(request, self.verification, converse(
             self.tokenizer, request.row["turns"], lambda *turn, request=request: answer(request, *turn),
@@ -362,11 +393,10 @@ class _Autoregressive(_Served):
         for turn in spec["turns"]:
             response, seconds = self.server.generate(turn["prompt_ids"], self.sampling(request.temperature))
             ar_ids = _output_ids(response, self.tokenizer)
-            final_turn = {k: v for k, v in turn.items() if k not in ("prompt_ids", "output_ids")}
-            final_turn.update(
-                ar=_timing(len(turn["prompt_ids"]), len(ar_ids), seconds, response.get("meta_info") or {}),
-                blocks=[], greedy=_greedy(turn["output_ids"], ar_ids) if request.temperature == 0 else None)
-            turns.append(final_turn)
+            counters = {k: v for k, v in turn.items() if k not in ("prompt_ids", "output_ids")}
+            turns.append(ServedTurn(
+                **counters, ar=_timing(len(turn["prompt_ids"]), len(ar_ids), seconds, response.get("meta_info") or {}),
+                blocks=[], greedy=_greedy(turn["output_ids"], ar_ids) if request.temperature == 0 else None))
         return RequestRecord.of(request, self.verification, turns, engine="sglang")
 
 
