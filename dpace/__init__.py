@@ -18,10 +18,13 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    YAML, its inputs), ``specforge_backend`` (training through SpecForge on GPUs: our objectives
                    registered, the run launched and exported), ``training_check`` (GPU training against the
                    committed CPU reference curve ``training_reference.json``)
-- ``evaluation/``  stage 6: ``decoding`` (speculative and autoregressive decoding with per-block records),
-                   ``replay`` (tau replayed over the target's answers, checked against decoding), ``evaluate``
-                   (tau / speedup on the six benchmarks, the autoregressive baseline), ``eval_records`` (the
-                   per-request records and their summary), ``sglang_backend`` (the same, served by SGLang)
+- ``evaluation/``  stage 6: ``eval_config`` (the settings, from the config's eval section), ``decoding``
+                   (speculative and autoregressive decoding with per-block records), ``replay`` (tau replayed
+                   over the target's answers, checked against decoding), ``requests`` (plan -> resumable
+                   requests -> records; the multi-turn loop), ``evaluate`` (tau / speedup on the six
+                   benchmarks, the autoregressive baseline), ``target_answers`` (the baseline's files an
+                   evaluation reads), ``eval_records`` (the per-request records and their summary),
+                   ``sglang_backend`` (the same, served by SGLang)
 - ``report/``      stage 7: ``collect`` (the tidy metrics, per-block, comparison and training CSVs),
                    ``intervals`` (paired and seed-level bootstrap intervals), ``metrics_frame`` (the row
                    selection tables and figures share), ``latex`` (LaTeX helpers), ``tables/`` (one module per
@@ -32,8 +35,9 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    expands into drafters, its tables and figures with their renderers), ``paths`` (where
                    each stage writes under results/),
                    ``objective_records`` (every objective's record: hyper-parameters, defaults, labels,
-                   colours, captions; no torch), ``io`` (atomic files, jsonl), ``gpus`` (one locked GPU per
-                   job, the SGLang install check), ``fingerprint`` (which modules a job runs),
+                   colours, captions; no torch), ``io`` (atomic files, jsonl and JSON read naming the damaged
+                   file, checkpoint checksums), ``locks`` (this user's machine-wide locks: GPU slots, the
+                   timing lock), ``gpus`` (one locked GPU per job, the SGLang install check), ``fingerprint`` (which modules a job runs),
                    ``gpu_check`` (``python -m dpace.gpu_check``: one GPU checked end to end)
 
 This is the one module map; the stage packages' docstrings say what their stage does. Between stages, imports

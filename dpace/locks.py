@@ -129,4 +129,11 @@ def machine_lock(name: str, *, timeout_s: float | None = None, poll_s: float = 1
         release(fd)
 
 
-__all__ = ["LockTimeout", "holder", "lock_dir", "machine_lock", "release", "try_lock"]
+def timing_lock(device: str) -> str:
+    """The name of the timing lock of ``device`` ("cpu", "cuda:1"): every job that times decoding on the CPU
+    shares one; each GPU has its own, since jobs on the other GPUs of a node barely move its timings and
+    serialising them would leave those GPUs idle."""
+    return "timing-" + re.sub(r"[^A-Za-z0-9]", "", device)
+
+
+__all__ = ["LockTimeout", "holder", "lock_dir", "machine_lock", "release", "timing_lock", "try_lock"]

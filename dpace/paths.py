@@ -12,9 +12,12 @@ EPOCH_DIR = "epoch-{epoch}"  # one checkpoint of a drafter, in its drafter folde
 DRAFTER_DIR = "drafters/{target}/{variant}"
 DRAFTER_SUMMARY = f"{DRAFTER_DIR}/summary.json"
 BASELINE = "eval/{target}/autoregressive-baseline.jsonl"  # the target decoding alone, once per target
+REFERENCE_FEATURES = "eval/{target}/reference-features.pt"  # its answers' context features, for replayed tau
 # One evaluation's summary: rule evaluate's output, what an experiment's metrics ask for (common.smk), and what
 # they parse back (eval_location).
-EVAL_SUMMARY = f"eval/{{target}}/{{variant}}/{EPOCH_DIR}/{{suite}}/summary.json"
+EVAL_DIR = f"eval/{{target}}/{{variant}}/{EPOCH_DIR}/{{suite}}"
+EVAL_SUMMARY = f"{EVAL_DIR}/summary.json"
+EVAL_BLOCKS = f"{EVAL_DIR}/blocks.csv"
 _EVAL_SUMMARY_PATTERN = re.compile(
     r"(?:^|/)" + re.sub(r"\\\{(\w+)\\\}", lambda field: rf"(?P<{field.group(1)}>[^/]+)", re.escape(EVAL_SUMMARY)) + "$")
 

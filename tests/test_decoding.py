@@ -191,13 +191,14 @@ def test_random_drafter_gives_tau_near_one(models, prompts):
     assert 1.0 <= np.mean(taus) < 1.15
 
 
-def test_block_size_and_length_cap(models, prompts):
+def test_block_size_and_length_cap(models, prompts, monkeypatch):
     target, drafter = models
     prompt = prompts[0]
     for n in (1, 2, 5):
         out = speculative_generate(drafter, target, prompt, max_new_tokens=n, stop_token_ids=None)
         assert out.num_output_tokens == n == len(out.new_token_ids)
-    out = speculative_generate(drafter, target, prompt, max_new_tokens=10, stop_token_ids=None, block_size=1)
+    monkeypatch.setattr(drafter, "block_size", 1)  # blocks of one: the target decoding alone
+    out = speculative_generate(drafter, target, prompt, max_new_tokens=10, stop_token_ids=None)
     assert out.acceptance_lengths == [1] * 9 and out.blocks == []
     assert out.new_token_ids == greedy(target, prompt, n=10, stops=None).new_token_ids
 

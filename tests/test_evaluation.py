@@ -9,10 +9,12 @@ import shutil
 
 import pytest
 import torch
+from eval_calls import evaluate as evaluate_drafter
+from eval_calls import measure as measure_baseline
 from transformers import AutoConfig
 
 import dpace.evaluation.evaluate as evaluation
-from dpace.evaluation.evaluate import BLOCK_COLUMNS, evaluate_drafter, load_benchmark
+from dpace.evaluation.evaluate import BLOCK_COLUMNS, load_benchmark, summarize
 from dpace.io import atomic_write_jsonl
 from dpace.targets import prepare_target, target_checksum
 from dpace.training.drafter import drafter_config, save_drafter
@@ -167,6 +169,7 @@ def test_resume_skips_finished_prompts(setup, first_run, tmp_path, monkeypatch):
 
 def evaluate_into(setup, out, drafter_dir=None, **overrides):
     root, target_json, default_drafter, files = setup
+    files = overrides.pop("files", files)
     kwargs = dict(temperatures=TEMPERATURES, verification="hard-match", max_new_tokens=MAX_NEW, seed=7,
                   records_path=out / "records.jsonl", summary_path=out / "summary.json", blocks_path=out / "blocks.csv")
     return evaluate_drafter(target_json, drafter_dir or default_drafter, files, **(kwargs | overrides))
@@ -316,13 +319,13 @@ def test_summary_rows_carry_each_request_for_paired_intervals(first_run):
 def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, monkeypatch):
     root, target_json, drafter_dir, files = setup
     decoded = []
-    original = evaluation._evaluate_prompt
-    monkeypatch.setattr(evaluation, "_evaluate_prompt", lambda row, index, name, temperature, *a, **k: decoded.append(
-        (name, temperature, row["id"])) or original(row, index, name, temperature, *a, **k))
+    original = evaluation._Decode.decode
+    monkeypatch.setattr(evaluation._Decode, "decode", lambda self, request: decoded.append(
+        (request.benchmark, request.temperature, request.row["id"])) or original(self, request))
     summary = evaluate_drafter(
         target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match", max_new_tokens=4,
         seed=7, records_path=tmp_path / "records.jsonl", summary_path=tmp_path / "summary.json",
-        blocks_path=tmp_path / "blocks.csv", sampled_prompts=1,
+        blocks_path=tmp_path / "blocks.csv", sampled_prompts_per_benchmark=1,
     )
     assert sorted(decoded) == sorted([("gsm8k", 0.0, "g0"), ("gsm8k", 0.0, "g1"), ("gsm8k", 1.0, "g0"),
                                       ("mt-bench", 0.0, "m0"), ("mt-bench", 0.0, "m1"), ("mt-bench", 1.0, "m0")])
@@ -358,7 +361,7 @@ def test_tau_counts_and_greedy_divergence_verdicts():
     assert dflash["greedy_ties"] == 1 and dflash["greedy_failures"] == 1 and dflash["greedy_tie_margin"] == 0.5
     assert [(d["id"], d["first_mismatch"], d["top2_margin"], d["verdict"]) for d in dflash["greedy_divergences"]] == [
         ("0", 7, 0.125, "tie"), ("1", 3, 4.0, "failure")]
-    (strict,) = summarize(records, tie_margin=0.1)
+    (strict,) = summarize(records, greedy_tie_margin=0.1)
     assert strict["greedy_ties"] == 0 and strict["greedy_failures"] == 2
     with pytest.raises(ValueError, match="tau_counts"):
         summarize(records, tau_counts="accepted")
@@ -397,7 +400,7 @@ def measure(setup, out, **overrides):
     root, target_json, _, files = setup
     kwargs = dict(temperatures=TEMPERATURES, max_new_tokens=MAX_NEW, seed=7, records_path=out / "baseline.records.jsonl",
                   out_path=out / "baseline.jsonl") | overrides
-    return evaluation.measure_baseline(target_json, files, **kwargs)
+    return measure_baseline(target_json, files, **kwargs)
 
 
 def run_with_baseline(setup, out, baseline_path):
@@ -564,3 +567,170 @@ def test_a_baseline_of_another_target_is_refused(setup, baseline, tmp_path):
     rewrite_baseline(changed, lambda record: record.update(target=record["target"] + 1))
     with pytest.raises(ValueError, match="target="):
         run_with_baseline(setup, tmp_path, changed)
+
+
+# ---------------------------------------------------------------------------
+# Records are keyed by the prompt text they were computed from (issue 50)
+# ---------------------------------------------------------------------------
+
+
+def reworded(setup, tmp_path) -> dict:
+    """The setup's benchmark files with one gsm8k prompt (g1) reworded and everything else as it was."""
+    root, _, _, files = setup
+    changed = {}
+    for name, path in files.items():
+        rows = load_benchmark(path, name)
+        for row in rows:
+            if row["id"] == "g1":
+                row["turns"] = ["A bus leaves at nine in the morning and drives for three hours. When does it get there?"]
+        changed[name] = tmp_path / f"{name}.jsonl"
+        atomic_write_jsonl(changed[name], rows)
+    return changed
+
+
+def test_a_reworded_prompt_is_decoded_again(setup, first_run, tmp_path, monkeypatch):
+    """The same records file, one prompt's text changed: that prompt is decoded again (at each
+    temperature) and the summary is that of its new text; the untouched prompts are reused."""
+    out, first, _ = first_run
+    files = reworded(setup, tmp_path)
+    (tmp_path / "run").mkdir()
+    (tmp_path / "run" / "records.jsonl").write_text((out / "records.jsonl").read_text())
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    summary = evaluate_into(setup, tmp_path / "run", files=files)
+    assert len(spec_calls) == len(TEMPERATURES) + len(TEMPERATURES)  # warm-ups + g1 at each temperature
+    (tmp_path / "fresh").mkdir()
+    fresh = evaluate_into(setup, tmp_path / "fresh", files=files)
+    for a, b in zip(summary, fresh, strict=True):
+        for key in ("tau", "acceptance_histogram", "num_output_tokens", "num_prompts"):
+            assert a[key] == b[key], key
+    prompt_lengths = {(r["temperature"], r["id"]): r["turns"][0]["spec"]["num_input_tokens"]
+                      for r in read_records(tmp_path / "run" / "records.jsonl") if r["benchmark"] == "gsm8k"}
+    old_lengths = {(r["temperature"], r["id"]): r["turns"][0]["spec"]["num_input_tokens"]
+                   for r in read_records(out / "records.jsonl") if r["benchmark"] == "gsm8k"}
+    assert {key for key in old_lengths if prompt_lengths[key] != old_lengths[key]} == {(t, "g1") for t in TEMPERATURES}
+
+
+def test_a_baseline_of_a_reworded_prompt_is_recomputed_and_not_used(setup, baseline, tmp_path, monkeypatch):
+    """The baseline's records follow the prompt text too, and an evaluation refuses a baseline that
+    answered another text of one of its prompts instead of timing against it."""
+    path, records = baseline
+    files = reworded(setup, tmp_path)
+    root, target_json, drafter_dir, _ = setup
+    (tmp_path / "baseline.records.jsonl").write_text((path.parent / "baseline.records.jsonl").read_text())
+    ar_calls = count_calls(monkeypatch, "autoregressive_generate")
+    again = measure_baseline(target_json, files, temperatures=TEMPERATURES, max_new_tokens=MAX_NEW, seed=7,
+                                        records_path=tmp_path / "baseline.records.jsonl",
+                                        out_path=tmp_path / "baseline.jsonl")
+    assert len(ar_calls) == len(TEMPERATURES) + len(TEMPERATURES)  # warm-ups + g1 at each temperature
+    changed = [r for r in again if r["id"] == "g1"]
+    assert all(r["turns"][0]["prompt_ids"] != old["turns"][0]["prompt_ids"]
+               for r, old in zip(changed, [r for r in records if r["id"] == "g1"], strict=True))
+    with pytest.raises(ValueError, match="lacks 2 request"):
+        evaluate_drafter(target_json, drafter_dir, files, temperatures=TEMPERATURES, verification="hard-match",
+                         max_new_tokens=MAX_NEW, seed=7, records_path=tmp_path / "records.jsonl",
+                         summary_path=tmp_path / "s.json", blocks_path=tmp_path / "b.csv", baseline_path=path)
+
+
+def test_a_request_past_the_targets_context_is_skipped_and_counted(setup, tmp_path, monkeypatch):
+    """A prompt whose tokens + max_new_tokens + a block exceed max_position_embeddings is not decoded:
+    its cell counts it in skipped_too_long and scores the others."""
+    root, target_json, drafter_dir, files = setup
+    context = json.loads((root / "target" / "model" / "config.json").read_text())["max_position_embeddings"]
+    rows = load_benchmark(files["gsm8k"], "gsm8k")
+    rows[1]["turns"] = [" ".join(["word"] * context)]
+    long_files = {"gsm8k": tmp_path / "gsm8k.jsonl"}
+    atomic_write_jsonl(long_files["gsm8k"], rows)
+    spec_calls = count_calls(monkeypatch, "speculative_generate")
+    summary = evaluate_into(setup, tmp_path, files=long_files)
+    assert len(spec_calls) == len(TEMPERATURES) + len(TEMPERATURES)  # warm-ups + g0 at each temperature
+    assert [(row["num_prompts"], row["skipped_too_long"], row["num_requests"]) for row in summary] == [(1, 1, 1)] * 2
+    again = evaluate_into(setup, tmp_path, files=long_files)  # resumed: still counted, nothing decoded
+    assert len(spec_calls) == 2 * len(TEMPERATURES) and [r["skipped_too_long"] for r in again] == [1, 1]
+
+
+# ---------------------------------------------------------------------------
+# EvalConfig: the eval section, its defaults and enums from the schema (issue 51)
+# ---------------------------------------------------------------------------
+
+
+def test_eval_config_takes_every_eval_key_its_default_and_its_enum_from_the_schema():
+    import dataclasses
+
+    from dpace.evaluation.decoding import _check_args
+    from dpace.evaluation.eval_config import EvalConfig
+    from dpace.schema import load_schema, schema_defaults
+
+    section = load_schema()["properties"]["eval"]
+    required = {"backend": "local", "temperatures": [0.0], "verification": "hard-match", "max_new_tokens": 4}
+    config = EvalConfig.from_config(required, seed=0)
+    fields = {f.name for f in dataclasses.fields(EvalConfig)}
+    assert set(section["properties"]) <= fields and fields - set(section["properties"]) == {"seed"}
+    assert {key: getattr(config, key) for key in schema_defaults("eval")} == schema_defaults("eval")
+    assert config.key()["greedy_tie_margin"] == section["properties"]["greedy_tie_margin"]["default"]
+    for name, spec in section["properties"].items():
+        for value in spec.get("enum", []):  # every value the schema allows is taken ...
+            EvalConfig.from_config({**required, name: value}, seed=0)
+        if "enum" in spec:  # ... and any other refused, by the key's name
+            with pytest.raises(ValueError, match=rf"eval\.{name} must be one of"):
+                EvalConfig.from_config({**required, name: "nonsense"}, seed=0)
+    for verification in section["properties"]["verification"]["enum"]:  # the decoder knows each of them
+        for clock in section["properties"]["decode_clock"]["enum"]:
+            _check_args(4, 1.0, verification, clock)
+    records = [{"benchmark": "b", "id": "0", "temperature": 0.0, "verification": "hard-match", "prompt_index": 0,
+                "block_size": 2, "turns": [{"turn": 0, "ar": None, "spec": None, "acceptance_lengths": [1],
+                                            "block_lengths": [2], "greedy": None}]}]
+    assert [summarize(records, tau_counts=t)[0]["tau"] for t in section["properties"]["tau_counts"]["enum"]] == [2, 1]
+    with pytest.raises(ValueError, match="unknown evaluation setting"):
+        EvalConfig.from_config({**required, "tie_margin": 0.5}, seed=0)  # the schema's names only
+
+
+def test_run_requests_resumes_appends_skips_and_selects_in_the_plans_order(tmp_path):
+    """The one skeleton every measurement runs on: a killed run keeps what it finished, a rerun handles only
+    the rest (a session opened only when something is pending), a request that does not fit is recorded
+    as skipped without being handled, and the records come back in the plan's order with the job's key."""
+    import contextlib
+
+    from dpace.evaluation.eval_records import evaluation_plan, keyed_by
+    from dpace.evaluation.requests import Records, RequestHandler, RequestRecord, run_requests
+
+    benchmarks = {"a": [{"id": "0", "turns": ["x"]}, {"id": "1", "turns": ["y", "w"]}], "b": [{"id": "0", "turns": ["z"]}]}
+    plan = evaluation_plan(benchmarks, [0.0, 1.0])
+
+    class Handler(RequestHandler):
+        verification = "v"
+
+        def __init__(self, die_after=None):
+            self.handled, self.sessions, self.die_after = [], 0, die_after
+
+        def fits(self, request):
+            return request.row["turns"] != ["z"]
+
+        @contextlib.contextmanager
+        def session(self, pending):
+            self.sessions += 1
+            yield
+
+        def __call__(self, batch):
+            if self.die_after is not None and len(self.handled) == self.die_after:
+                raise KeyboardInterrupt
+            self.handled += [(r.benchmark, r.temperature, r.row["id"]) for r in batch]
+            return [RequestRecord.of(r, "v", [{"turn": i} for i in range(len(r.row["turns"]))]) for r in batch]
+
+    path, made, key = tmp_path / "records.jsonl", {"setting": 1}, keyed_by("v")
+    killed = Handler(die_after=2)
+    with pytest.raises(KeyboardInterrupt):
+        run_requests(plan, Records(path, made), key, killed)
+    resumed = Handler()
+    records = run_requests(plan, Records(path, made), key, resumed)
+    assert killed.handled == [("a", 0.0, "0"), ("a", 0.0, "1")]
+    assert resumed.handled == [("a", 1.0, "0"), ("a", 1.0, "1")] and resumed.sessions == 1
+    assert [(r["benchmark"], r["temperature"], r["id"], r.get("skipped")) for r in records] == [
+        ("a", 0.0, "0", None), ("a", 0.0, "1", None), ("a", 1.0, "0", None), ("a", 1.0, "1", None),
+        ("b", 0.0, "0", "too_long"), ("b", 1.0, "0", "too_long")]
+    assert all(r["setting"] == 1 and r["verification"] == "v" for r in records)
+    assert [len(r["turns"]) for r in records] == [1, 2, 1, 2, 0, 0]
+    again = Handler()
+    assert run_requests(plan, Records(path, made), key, again) == records and again.sessions == 0
+    stale = Handler()  # another setting: every record is stale, every request measured again
+    run_requests(plan, Records(path, {"setting": 2}), key, stale)
+    assert len(stale.handled) == 4

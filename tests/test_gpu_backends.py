@@ -220,8 +220,9 @@ def _fake_drafter(tmp_path, block_size=4) -> Path:
 
 
 def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target_json, fake_sglang):
+    from eval_calls import sglang as evaluate_sglang
+
     from dpace.evaluation.evaluate import BLOCK_COLUMNS, summarize
-    from dpace.evaluation.sglang_backend import evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
@@ -266,7 +267,7 @@ def test_sglang_evaluation_writes_the_local_summary_schema(tmp_path, tiny_target
 def _evaluate_twice(tmp_path, target_json, fake_sglang, change):
     """Evaluate a fake drafter at T=0, apply ``change(out, drafter)``, evaluate again: the second
     run's summary and the argv of every server it started."""
-    from dpace.evaluation.sglang_backend import evaluate_sglang
+    from eval_calls import sglang as evaluate_sglang
 
     drafter = _fake_drafter(tmp_path)
     out = tmp_path / "eval"
@@ -299,6 +300,24 @@ def test_sglang_evaluation_of_a_retrained_drafter_starts_over(tmp_path, tiny_tar
     assert len(servers) == 2 and "--speculative-algorithm" in servers[0]  # both phases ran again
     assert sum(r["num_prompts"] for r in summary) == 3
     assert len(list(read_jsonl(tmp_path / "eval" / "records.jsonl"))) == 3  # the old drafter's records are gone
+
+
+def test_sglang_evaluation_of_a_reworded_prompt_decodes_it_again(tmp_path, tiny_target_json, fake_sglang):
+    """One prompt's text changed between two runs with the same records: that prompt goes through both
+    servers again, and its record is of the new text."""
+    from dpace.evaluation.eval_records import prompt_checksum
+
+    new_row = {"id": "g1", "benchmark": "gsm8k", "turns": ["What is 2 + 2 + 2?"]}
+
+    def reword(out, drafter):
+        atomic_write_jsonl(tmp_path / "gsm8k.jsonl", [new_row, {"id": "g2", "benchmark": "gsm8k",
+                                                               "turns": ["What is 3 + 5?"]}])
+
+    summary, servers = _evaluate_twice(tmp_path, tiny_target_json, fake_sglang, reword)
+    assert len(servers) == 2 and "--speculative-algorithm" in servers[0]
+    records = {r["id"]: r for r in read_jsonl(tmp_path / "eval" / "records.jsonl")}
+    assert len(records) == 3 and records["g1"]["prompt_checksum"] == prompt_checksum(new_row)
+    assert sum(r["num_prompts"] for r in summary) == 3
 
 
 def test_sglang_server_that_dies_or_never_answers_fails_clearly(tmp_path):

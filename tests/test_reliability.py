@@ -107,9 +107,9 @@ class NamedPaths(list):
 
 def baseline_adapter_snakemake(tmp_path) -> SimpleNamespace:
     params = SimpleNamespace(
-        temperatures=[0.0], max_new_tokens=4, seed=0, sampled_prompts=1, records=str(tmp_path / "r.jsonl"),
-        dtype="float32", overrun=0, target_layer_ids=None, num_target_features=1, feature_window=0,
-        timed_prompts=1, batch_size=1, share_features=False)
+        eval={"temperatures": [0.0], "max_new_tokens": 4, "seed": 0, "sampled_prompts_per_benchmark": 1, "dtype": "float32"},
+        reference={"overrun": 0, "timed_prompts": 1, "batch_size": 1, "num_target_features": 1},
+        records=str(tmp_path / "r.jsonl"))
     return SimpleNamespace(
         params=params, threads=1, resources={}, log=[str(tmp_path / "job.log")],
         input=SimpleNamespace(target="t", benchmarks=["b.jsonl"]),
@@ -121,12 +121,12 @@ def test_the_baseline_job_times_its_decoding_under_the_machine_timing_lock(lock_
     """Item 5: SR timing never overlaps another invocation's (the baseline adapter; evaluate.py wraps
     evaluate_drafter the same way)."""
     import dpace.evaluation.evaluate
-    from dpace.locks import release, try_lock
+    from dpace.locks import release, timing_lock, try_lock
 
     seen = {}
 
     def measure(*args, **kwargs):
-        fd = try_lock("timing")
+        fd = try_lock(timing_lock("cpu"))
         seen["timing lock free while measuring"] = fd is not None
         if fd is not None:
             release(fd)

@@ -14,10 +14,12 @@ import json
 
 import pytest
 import torch
+from eval_calls import evaluate as evaluate_drafter
+from eval_calls import measure
 
 import dpace.evaluation.evaluate as evaluation
 from dpace.evaluation.decoding import speculative_generate
-from dpace.evaluation.evaluate import ReplayMismatch, evaluate_drafter, measure_baseline
+from dpace.evaluation.evaluate import ReplayMismatch
 from dpace.evaluation.replay import (
     block_logits,
     compare_replay,
@@ -134,14 +136,14 @@ def test_replayed_steps_equal_speculative_decoding(trained, temperature, shape):
 
 def test_compare_replay_verdicts():
     steps = {"block_lengths": [3, 1, 2], "acceptance_lengths": [3, 1, 2]}
-    same = compare_replay(steps, dict(steps), tie_margin=0.5, drafter_margins=[2.0, 2.0, 2.0])
+    same = compare_replay(steps, dict(steps), greedy_tie_margin=0.5, drafter_margins=[2.0, 2.0, 2.0])
     assert same["verdict"] == "equal"
     other = {"block_lengths": [3, 2, 1], "acceptance_lengths": [3, 2, 1]}
-    assert compare_replay(steps, other, tie_margin=0.5, drafter_margins=[2.0, 2.0, 2.0]) == {
+    assert compare_replay(steps, other, greedy_tie_margin=0.5, drafter_margins=[2.0, 2.0, 2.0]) == {
         "verdict": "failure", "step": 1, "position": 3, "margin": 2.0, "cause": "drafter"}
-    assert compare_replay(steps, other, tie_margin=0.5, drafter_margins=[2.0, 0.1, 2.0])["verdict"] == "tie"
+    assert compare_replay(steps, other, greedy_tie_margin=0.5, drafter_margins=[2.0, 0.1, 2.0])["verdict"] == "tie"
     parted = {"first_mismatch": 2, "top2_margin": 0.01}
-    assert compare_replay(steps, other, tie_margin=0.5, target_divergence=parted)["cause"] == "target"
+    assert compare_replay(steps, other, greedy_tie_margin=0.5, target_divergence=parted)["cause"] == "target"
 
 
 @pytest.fixture(scope="module")
@@ -153,7 +155,7 @@ def evaluation_setup(trained):
     atomic_write_jsonl(files["mt-bench"], [{"id": "m0", "benchmark": "mt-bench",
                                             "turns": ["Write a haiku.", "Now explain it."]}])
     common = dict(temperatures=[0.0, 1.0], max_new_tokens=MAX_NEW, seed=3)
-    measure_baseline(target_json, files, records_path=root / "base.records.jsonl", out_path=root / "base.jsonl",
+    measure(target_json, files, records_path=root / "base.records.jsonl", out_path=root / "base.jsonl",
                      overrun=BLOCK - 1, features_path=root / "features.pt", feature_layer_ids=[1, 2],
                      feature_window=3, timed_prompts=2, batch_size=2, **common)
     return root, target_json, drafter_dir, files, common
@@ -164,7 +166,7 @@ def test_batched_answers_equal_batch_one_answers(evaluation_setup):
     root, target_json, _, files, common = evaluation_setup
     batched = [json.loads(line) for line in (root / "base.jsonl").read_text().splitlines()]
     assert [r["turns"][0]["ar"] is None for r in batched if r["benchmark"] == "gsm8k"] == [False, False, True] * 2
-    one = measure_baseline(target_json, files, records_path=root / "one.records.jsonl", out_path=root / "one.jsonl",
+    one = measure(target_json, files, records_path=root / "one.records.jsonl", out_path=root / "one.jsonl",
                            overrun=BLOCK - 1, **common)
     def answers(records):
         return [[(t["new_token_ids"], t["continuation_ids"]) for t in r["turns"]] for r in records]
@@ -176,7 +178,7 @@ def evaluate(setup, out, **kwargs):
     kwargs = {"features_path": root / "features.pt", **kwargs}
     return evaluate_drafter(target_json, drafter_dir, files, verification="hard-match", records_path=out / "r.jsonl",
                             summary_path=out / "summary.json", blocks_path=out / "blocks.csv", tau="replay",
-                            reference_path=root / "base.jsonl", decoded_prompts=2, **common, **kwargs)
+                            reference_path=root / "base.jsonl", decoded_prompts_per_benchmark=2, **common, **kwargs)
 
 
 def test_replayed_evaluation_checks_every_decoded_request(evaluation_setup, tmp_path):

@@ -94,6 +94,26 @@ def test_generation_resumes_from_scratch_file(tmp_path, tiny_target_json, monkey
     assert not scratch.exists() and not list(tmp_path.glob("scratch.partial*"))
 
 
+def test_an_answer_to_a_reworded_prompt_is_not_reused(tmp_path, tiny_target_json, monkeypatch):
+    """The scratch file holds an answer to p1's former text: p1 is answered again, and the answer kept
+    for an unchanged prompt still is."""
+    prompts, scratch = _interrupted_generation(tmp_path, tiny_target_json, monkeypatch, max_new_tokens=4)
+    kept = {"id": "p0", "conversations": [{"role": "user", "content": PROMPTS[0]["prompt"]},
+                                          {"role": "assistant", "content": "kept from before"}]}
+    stale = {"id": "p1", "conversations": [{"role": "user", "content": PROMPTS[1]["prompt"]},
+                                           {"role": "assistant", "content": "an answer to the old text"}]}
+    scratch.write_text(json.dumps(kept) + "\n" + json.dumps(stale) + "\n")
+    reworded = [dict(row, prompt="Name three rivers.") if row["id"] == "p1" else row for row in PROMPTS]
+    atomic_write_jsonl(prompts, reworded)
+    counts = generate_responses(tiny_target_json, prompts, tmp_path / "responses.jsonl", max_new_tokens=4,
+                                scratch_path=scratch)
+    assert counts["resumed"] == 1 and counts["generated"] == 2
+    rows = {r["id"]: r for r in read_jsonl(tmp_path / "responses.jsonl")}
+    assert rows["p0"] == kept
+    assert rows["p1"]["conversations"][0]["content"] == "Name three rivers."
+    assert rows["p1"]["conversations"][1]["content"] != "an answer to the old text"
+
+
 def test_generation_of_other_settings_starts_over(tmp_path, tiny_target_json, monkeypatch):
     """A responses job that reruns because a setting changed must not keep answers of the old one."""
     prompts, scratch = _interrupted_generation(tmp_path, tiny_target_json, monkeypatch, max_new_tokens=4)

@@ -151,6 +151,14 @@ def test_python_enum_lists_are_the_schemas():
 
     assert set(schema_enum("train", "precision")) == {*PRECISIONS, "auto"}  # autocast's dtype of each
     assert set(schema_enum("responses", "backend")) == set(BACKENDS)  # the function that answers with each
+    # the evaluation branches on the schema's own lists (dpace.evaluation.eval_config), under the schema's names
+    from dpace.evaluation import decoding, eval_records, evaluate
+
+    assert decoding.VERIFICATIONS == schema_enum("eval", "verification")
+    assert decoding.DECODE_CLOCKS == schema_enum("eval", "decode_clock")
+    assert eval_records.TAU_COUNTS == schema_enum("eval", "tau_counts")
+    assert evaluate.TAU_SOURCES == schema_enum("eval", "tau")
+    assert evaluate.GREEDY_TIE_MARGIN == schema_defaults("eval")["greedy_tie_margin"]
 
 
 def test_train_config_enums_are_checked_against_the_schema():

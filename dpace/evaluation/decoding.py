@@ -50,18 +50,18 @@ import torch
 from torch.nn import functional as F
 from transformers import DynamicCache
 
+from dpace.evaluation.eval_config import DECODE_CLOCKS, VERIFICATIONS
 from dpace.gpus import device_clock
 from dpace.training.drafter import draft_output_head
 
-VERIFICATIONS = ("hard-match", "rejection")
-# Where the decode-time clock starts (the prefill is never in it):
+# The verification rules are VERIFICATIONS (the schema's eval.verification), described above.
+# Where the decode-time clock starts (DECODE_CLOCKS, the schema's eval.decode_clock) (the prefill is never in it):
 # "after-first-draft": DFlash's benchmark as released with the paper era's code (z-lab/dflash,
 #   Jan-Apr 2026: benchmark.py, then dflash/model.py) restarts the clock after the first draft call,
 #   which drafts from the whole prompt's context (the drafter's own prefill);
 # "after-prefill": dflash 0.1.0 on PyPI starts it right after the target's prefill, so the first
 #   draft call counts as decode time.
 # The autoregressive baseline has no draft call: both start after its prefill.
-DECODE_CLOCKS = ("after-first-draft", "after-prefill")
 
 
 # ---------------------------------------------------------------------------
@@ -275,6 +275,71 @@ def optimize_for_cpu(*models) -> None:
 # ---------------------------------------------------------------------------
 
 
+class _Speculation:
+    """What every step of one speculative decoding call shares: the two models, the draft head and noise
+    embedding, and the sampling (its rule, generator and key)."""
+
+    def __init__(self, drafter, target, temperature: float, verification: str, generator, sampling_key: int | None):
+        self.drafter, self.target, self.temperature = drafter, target, temperature
+        self.generator, self.sampling_key = generator, sampling_key
+        self.sampling_draft = verification == "rejection" and temperature > 0
+        self.layer_ids = list(drafter.target_layer_ids)
+        self.head = draft_output_head(drafter.config, _output_head(target))  # -inf outside a draft vocabulary
+        self.embed_weight = target.get_input_embeddings().weight
+        self.embed_scale = float(_draft_value(drafter.config, "input_embedding_scale", 1.0))
+
+    def prefill(self, input_ids, output_ids, position_ids, target_cache, block_size: int):
+        """The target's prefill: its first token into ``output_ids``; returns the drafter's context features."""
+        num_input = input_ids.shape[1]
+        output = self.target(
+            input_ids,
+            position_ids=position_ids[:, :num_input],
+            past_key_values=target_cache,
+            use_cache=True,
+            logits_to_keep=1,
+            output_hidden_states=block_size > 1,
+        )
+        output_ids[:, :num_input] = input_ids
+        output_ids[:, num_input] = _pick(output.logits[:, -1], self.temperature, self.generator,
+                                         sampling_key=self.sampling_key, first_position=num_input)
+        return _context_features(output.hidden_states, self.layer_ids) if block_size > 1 else None
+
+    def draft(self, block, target_hidden, position_ids, draft_cache, start: int, verify_size: int):
+        """Fill ``block[:, 1:]`` with the draft's tokens; returns (draft logits, draft probabilities or None)."""
+        noise_embedding = F.embedding(block, self.embed_weight) * self.embed_scale
+        # 2-D rows for the LM head: a 3-D slice keeps its parent's batch stride (see above)
+        draft_hidden = self.drafter(
+            target_hidden=target_hidden,
+            noise_embedding=noise_embedding,
+            position_ids=position_ids[:, start - target_hidden.shape[1] : start + verify_size],
+            past_key_values=draft_cache,
+            use_cache=True,
+        )[0, 1 - verify_size :, :]
+        _crop_to(draft_cache, start)  # keep the context, drop the block's noise positions
+        draft_logits = self.drafter.compute_logits(draft_hidden, self.head)[None]
+        draft_probs = None
+        if self.sampling_draft:
+            draft_probs = _probs(draft_logits, self.temperature)
+            block[:, 1:] = _sample(draft_probs, self.generator)
+        else:
+            block[:, 1:] = torch.argmax(draft_logits, dim=-1)
+        return draft_logits, draft_probs
+
+    def verify(self, logits, block, draft_probs, verify_size: int, start: int):
+        """(accepted draft tokens, bonus token, the target's pick at each position or None) of one block."""
+        if self.sampling_draft:
+            target_probs = _probs(logits, self.temperature)
+            if verify_size == 1:
+                return 0, _sample(target_probs[:, -1], self.generator)[0], None
+            accepted, bonus = _rejection_sample(block[:, 1:], target_probs, draft_probs, self.generator)
+            return accepted, bonus, _sample(target_probs, self.generator)  # picks only for the q records (module doc)
+        # chosen[:, i] is the token of absolute position start + 1 + i
+        chosen = _pick(logits, self.temperature, self.generator, sampling_key=self.sampling_key,
+                       first_position=start + 1)
+        accepted = _hard_match(block[:, 1:], chosen)
+        return accepted, chosen[0, accepted], chosen
+
+
 @torch.inference_mode()
 def speculative_generate(
     drafter,
@@ -286,14 +351,12 @@ def speculative_generate(
     temperature: float = 0.0,
     verification: str = "hard-match",
     generator: torch.Generator | None = None,
-    block_size: int | None = None,
     decode_clock: str = "after-first-draft",
     sampling_key: int | None = None,
 ) -> DecodeResult:
-    """DFlash speculative decoding of one prompt with a ``dflash.model.DFlashDraftModel``.
-
-    ``block_size`` defaults to the drafter's; ``block_size=1`` degenerates to target-only decoding.
-    ``generator`` (on the target's device) drives every random draw; ``None`` uses torch's global RNG.
+    """DFlash speculative decoding of one prompt with a ``dflash.model.DFlashDraftModel``, in blocks of its
+    ``block_size`` (1 degenerates to target-only decoding). ``generator`` (on the target's device) drives
+    every random draw; ``None`` uses torch's global RNG.
     ``decode_clock``: one of ``DECODE_CLOCKS``; the default is DFlash's benchmark.
     ``sampling_key`` (hard-match at T > 0): the target's picks use Gumbel noise keyed by this and the
     absolute position (``keyed_gumbel``), so the output equals ``autoregressive_generate`` with the same
@@ -303,16 +366,12 @@ def speculative_generate(
     if sampling_key is not None and verification != "hard-match":
         raise ValueError("sampling_key needs hard-match verification (rejection samples the drafts)")
     device = target.device
-    block_size = int(drafter.block_size if block_size is None else block_size)
+    block_size = int(drafter.block_size)
     if block_size < 1:
         raise ValueError(f"block_size must be >= 1, got {block_size}")
     input_ids = _as_batch(input_ids, device)
-    sampling_draft = verification == "rejection" and temperature > 0
     stops = {int(t) for t in (stop_token_ids or ())}
-    layer_ids = list(drafter.target_layer_ids)
-    head = draft_output_head(drafter.config, _output_head(target))  # -inf outside a draft vocabulary
-    embed_weight = target.get_input_embeddings().weight
-    embed_scale = float(_draft_value(drafter.config, "input_embedding_scale", 1.0))
+    spec = _Speculation(drafter, target, temperature, verification, generator, sampling_key)
 
     num_input = input_ids.shape[1]
     max_length = num_input + max_new_tokens
@@ -322,50 +381,20 @@ def speculative_generate(
     draft_cache = new_kv_cache(drafter.config)
 
     prefill_start = device_clock(device)
-    output = target(
-        input_ids,
-        position_ids=position_ids[:, :num_input],
-        past_key_values=target_cache,
-        use_cache=True,
-        logits_to_keep=1,
-        output_hidden_states=block_size > 1,
-    )
-    output_ids[:, :num_input] = input_ids
-    first = _pick(output.logits[:, -1], temperature, generator, sampling_key=sampling_key, first_position=num_input)
-    output_ids[:, num_input] = first
-    if block_size > 1:
-        target_hidden = _context_features(output.hidden_states, layer_ids)
-    del output
-    first_token = int(first[0].item())
+    target_hidden = spec.prefill(input_ids, output_ids, position_ids, target_cache, block_size)
+    first_token = int(output_ids[0, num_input].item())
     time_to_first_token = device_clock(device) - prefill_start
 
     decode_start = device_clock(device)
     restart_clock = decode_clock == "after-first-draft"
-    acceptance_lengths: list[int] = []
-    block_lengths: list[int] = []
-    blocks: list[BlockRecord] = []
+    result = DecodeResult(new_token_ids=[], acceptance_lengths=[], decode_clock=decode_clock, num_input_tokens=num_input)
     start = num_input
     stopped = first_token in stops
     while start + 1 < max_length and not stopped:
         verify_size = min(block_size, max_length - start)
         block = output_ids[:, start : start + verify_size].clone()
         if verify_size > 1:
-            noise_embedding = F.embedding(block, embed_weight) * embed_scale
-            # 2-D rows for the LM head: a 3-D slice keeps its parent's batch stride (see above)
-            draft_hidden = drafter(
-                target_hidden=target_hidden,
-                noise_embedding=noise_embedding,
-                position_ids=position_ids[:, start - target_hidden.shape[1] : start + verify_size],
-                past_key_values=draft_cache,
-                use_cache=True,
-            )[0, 1 - verify_size :, :]
-            _crop_to(draft_cache, start)  # keep the context, drop the block's noise positions
-            draft_logits = drafter.compute_logits(draft_hidden, head)[None]
-            if sampling_draft:
-                draft_probs = _probs(draft_logits, temperature)
-                block[:, 1:] = _sample(draft_probs, generator)
-            else:
-                block[:, 1:] = torch.argmax(draft_logits, dim=-1)
+            draft_logits, draft_probs = spec.draft(block, target_hidden, position_ids, draft_cache, start, verify_size)
             if restart_clock:  # DFlash's benchmark: the drafter's first (prefill-sized) call is not decode time
                 decode_start, restart_clock = device_clock(device), False
 
@@ -376,53 +405,44 @@ def speculative_generate(
             use_cache=True,
             output_hidden_states=verify_size > 1,
         )
-        logits = output.logits
-        if sampling_draft:
-            target_probs = _probs(logits, temperature)
-            if verify_size > 1:
-                accepted, bonus = _rejection_sample(block[:, 1:], target_probs, draft_probs, generator)
-                chosen = _sample(target_probs, generator)  # only for the q records (see module doc)
-            else:
-                accepted, bonus = 0, _sample(target_probs[:, -1], generator)[0]
-        else:
-            # chosen[:, i] is the token of absolute position start + 1 + i
-            chosen = _pick(logits, temperature, generator, sampling_key=sampling_key, first_position=start + 1)
-            accepted = _hard_match(block[:, 1:], chosen)
-            bonus = chosen[0, accepted]
-
-        output_ids[:, start : start + accepted + 1] = block[:, : accepted + 1]
-        output_ids[:, start + accepted + 1] = bonus
-        produced = min(accepted + 1, max_length - start - 1)
-        if stops:
-            cut = _cut_at_stop(output_ids[0, start + 1 : start + produced + 1].tolist(), stops)
-            if cut is not None:
-                produced, stopped = cut + 1, True
+        accepted, bonus, chosen = spec.verify(output.logits, block, draft_probs if verify_size > 1 else None,
+                                              verify_size, start)
+        produced, stopped = _emit(output_ids, block, accepted, bonus, start, max_length, stops)
         if verify_size > 1:
             q = torch.softmax(draft_logits[0].float(), dim=-1).gather(-1, chosen[0, :-1, None])[:, 0]
-            blocks.append(BlockRecord(accepted=accepted, emitted=produced, q=q.tolist()))
-            target_hidden = _context_features(output.hidden_states, layer_ids, produced)
-        del output, logits
+            result.blocks.append(BlockRecord(accepted=accepted, emitted=produced, q=q.tolist()))
+            target_hidden = _context_features(output.hidden_states, spec.layer_ids, produced)
+        del output
         start += produced
         _crop_to(target_cache, start)
-        acceptance_lengths.append(produced)
-        block_lengths.append(accepted + 1)
+        result.acceptance_lengths.append(produced)
+        result.block_lengths.append(accepted + 1)
 
     end = min(start + 1, max_length)
-    new_tokens = output_ids[0, num_input:end].tolist()
-    decode_time = device_clock(device) - decode_start
-    return DecodeResult(
-        new_token_ids=new_tokens,
-        acceptance_lengths=acceptance_lengths,
-        blocks=blocks,
-        block_lengths=block_lengths,
-        decode_clock=decode_clock,
-        num_input_tokens=num_input,
-        num_output_tokens=len(new_tokens),
-        time_to_first_token_s=time_to_first_token,
-        decode_time_s=decode_time,
-        time_per_output_token_s=decode_time / len(new_tokens),
-        stopped=stopped,
-    )
+    return _finished(result, output_ids[0, num_input:end].tolist(), time_to_first_token,
+                     device_clock(device) - decode_start, stopped)
+
+
+def _emit(output_ids, block, accepted: int, bonus, start: int, max_length: int, stops: set[int]) -> tuple[int, bool]:
+    """Write a step's accepted drafts and bonus token; returns the tokens it emitted (cut at a stop token or
+    the length cap) and whether a stop token ended the output."""
+    output_ids[:, start : start + accepted + 1] = block[:, : accepted + 1]
+    output_ids[:, start + accepted + 1] = bonus
+    produced = min(accepted + 1, max_length - start - 1)
+    if stops:
+        cut = _cut_at_stop(output_ids[0, start + 1 : start + produced + 1].tolist(), stops)
+        if cut is not None:
+            return cut + 1, True
+    return produced, False
+
+
+def _finished(result: DecodeResult, new_tokens: list[int], time_to_first_token: float, decode_time: float,
+              stopped: bool) -> DecodeResult:
+    """``result`` with its tokens and DFlash's timings (time per output token: decode time over all of them)."""
+    result.new_token_ids, result.num_output_tokens, result.stopped = new_tokens, len(new_tokens), stopped
+    result.time_to_first_token_s, result.decode_time_s = time_to_first_token, decode_time
+    result.time_per_output_token_s = decode_time / len(new_tokens)
+    return result
 
 
 @torch.inference_mode()

@@ -6,25 +6,28 @@ reaches this module through the SGLang backend.
 
 from __future__ import annotations
 
+import json
 import statistics
+import zlib
 from collections.abc import Callable, Iterable
 from pathlib import Path
+from typing import NamedTuple
 
+from dpace.evaluation.eval_config import DEFAULTS, GREEDY_TIE_MARGIN, TAU_COUNTS
 from dpace.io import read_jsonl
 
 BLOCK_COLUMNS = ["benchmark", "temperature", "prompt_index", "block_index", "tau_block", "sum_q", "surrogate", "turn"]
 WARMUP_TOKENS = 16
-# A step's length in tau and the histogram:
+# A step's length in tau and the histogram (TAU_COUNTS, the schema's eval.tau_counts):
 # "accepted-plus-bonus": accepted + 1 for every step, also the one in which a stop token ends the
 #   output (DFlash's benchmark, z-lab/dflash Jan-Apr 2026, which the paper's numbers come from);
 # "emitted": the tokens the step added to the output (dflash 0.1.0 on PyPI).
-TAU_COUNTS = ("accepted-plus-bonus", "emitted")
-# Greedy divergences in bf16: batched (verify) and one-token (autoregressive) forwards round
-# differently, so the two greedy streams part where the target's top two logits nearly tie. A
-# divergence whose top-2 margin is below this many logits is counted as such a numerical tie; any
-# other is a failure of losslessness. bf16 keeps 8 significant bits: a logit between 16 and 32 is
-# stored to 0.125, and a few such roundings through the layers move it by more than that.
-GREEDY_TIE_MARGIN = 0.5
+# Greedy divergences in bf16 (GREEDY_TIE_MARGIN, the schema's eval.greedy_tie_margin): batched (verify)
+# and one-token (autoregressive) forwards round differently, so the two greedy streams part where the
+# target's top two logits nearly tie. A divergence whose top-2 margin is below this many logits is
+# counted as such a numerical tie; any other is a failure of losslessness. bf16 keeps 8 significant
+# bits: a logit between 16 and 32 is stored to 0.125, and a few such roundings through the layers move
+# it by more than that.
 
 
 def load_benchmark(path: str | Path, name: str) -> list[dict]:
@@ -40,13 +43,59 @@ def load_benchmark(path: str | Path, name: str) -> list[dict]:
     return rows
 
 
-def record_key(benchmark: str, temperature: float, verification: str, prompt_id) -> tuple:
-    return (benchmark, float(temperature), verification, str(prompt_id))
+def prompt_checksum(row: dict) -> int:
+    """Identifies a benchmark row's prompt text, every turn of it: a record is only ever reused for the
+    very prompt it was computed from (a reworded or edited row is a new request, decoded again)."""
+    return zlib.crc32(json.dumps(row["turns"]).encode())
+
+
+def record_key(benchmark: str, temperature: float, verification: str, prompt_id, checksum: int | None) -> tuple:
+    return (benchmark, float(temperature), verification, str(prompt_id), checksum)
+
+
+def request_key(benchmark: str, temperature: float, verification: str, row: dict) -> tuple:
+    """The key of a planned request (``evaluation_plan``): what a record of it must have been made from."""
+    return record_key(benchmark, temperature, verification, row["id"], prompt_checksum(row))
+
+
+def keyed_by(verification: str) -> Callable[[Request], tuple]:
+    """The record key of a planned request measured with ``verification`` (or the baseline's name)."""
+    return lambda request: request_key(request.benchmark, request.temperature, verification, request.row)
+
+
+def key_of(record: dict) -> tuple:
+    """The key of a stored record; one of a row's former text (or older, without a checksum) matches no request."""
+    return record_key(record["benchmark"], record["temperature"], record["verification"], record["id"],
+                      record.get("prompt_checksum"))
+
+
+TOO_LONG = "too_long"  # a skipped record's reason
+
+
+def exceeds_context(tokenizer, row: dict, *, max_new_tokens: int, block_size: int, context: int) -> bool:
+    """Whether a request of ``row`` could run past the target's context (``max_position_embeddings``):
+    its longest prompt (the last turn's: every user turn, each earlier answer counted at its cap
+    ``max_new_tokens``) + ``max_new_tokens`` + one verification block. Such a request is skipped and
+    counted (``skipped_too_long``), never decoded past the positions the target was trained on."""
+    from dpace.targets import chat_prompt_ids  # transformers: not for the SGLang records' readers
+
+    # each turn's template counted on its own (a system prompt once per turn): a bound, exact for one turn
+    prompt = sum(len(chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])) for text in row["turns"])
+    return prompt + len(row["turns"]) * max_new_tokens + block_size > context
+
+
+class Request(NamedTuple):
+    """One planned request: a benchmark row (every turn of it) at one temperature."""
+
+    benchmark: str
+    temperature: float
+    index: int  # the row's place in its benchmark
+    row: dict
 
 
 def evaluation_plan(
     benchmarks: dict[str, list[dict]], temperatures, sampled_prompts: int | None = None
-) -> list[tuple[str, float, int, dict]]:
+) -> list[Request]:
     """(benchmark, temperature, prompt index, row) for every request to decode, benchmark by benchmark.
 
     Every prompt at T = 0; at T > 0 only the first ``sampled_prompts`` of each benchmark (None: all),
@@ -54,7 +103,7 @@ def evaluation_plan(
     the same plan, so comparisons between drafters stay paired.
     """
     return [
-        (name, float(temperature), index, row)
+        Request(name, float(temperature), index, row)
         for name, rows in benchmarks.items()
         for temperature in temperatures
         for index, row in enumerate(rows)
@@ -62,15 +111,15 @@ def evaluation_plan(
     ]
 
 
-def divergence_verdict(greedy: dict, tie_margin: float) -> str | None:
+def divergence_verdict(greedy: dict, greedy_tie_margin: float) -> str | None:
     """``None`` when the speculative and greedy outputs agree; else ``"tie"`` when the target's top-2
-    logit margin at the first divergence is below ``tie_margin``, ``"failure"`` when it is not, and
+    logit margin at the first divergence is below ``greedy_tie_margin``, ``"failure"`` when it is not, and
     ``"unknown"`` when no margin was measured (SGLang)."""
     if greedy["first_mismatch"] is None:
         return None
     if greedy.get("top2_margin") is None:
         return "unknown"
-    return "tie" if greedy["top2_margin"] < tie_margin else "failure"
+    return "tie" if greedy["top2_margin"] < greedy_tie_margin else "failure"
 
 
 def _step_lengths(turn: dict, tau_counts: str) -> list[int]:
@@ -79,17 +128,15 @@ def _step_lengths(turn: dict, tau_counts: str) -> list[int]:
     return turn["acceptance_lengths"]  # SGLang reports only what the steps emitted
 
 
-def select_records(records: Iterable[dict], plan: list[tuple[str, float, int, dict]], verification: str) -> list[dict]:
-    """The first record of every request of ``plan`` (see ``evaluation_plan``), in the plan's order
-    (benchmark, temperature, prompt); records of other runs in the same file are left out."""
-    position = {record_key(name, t, verification, row["id"]): i for i, (name, t, _, row) in enumerate(plan)}
+def select_records(records: Iterable[dict], plan: list[Request], key: Callable[[Request], tuple]) -> list[dict]:
+    """The first record of every request of ``plan`` (see ``evaluation_plan``; ``key``: a request's record
+    key), in the plan's order (benchmark, temperature, prompt); records of other runs are left out."""
+    position = {key(request): i for i, request in enumerate(plan)}
     selected: dict[tuple, dict] = {}
     for r in records:  # first record per request wins
-        key = record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])
-        if key in position:
-            selected.setdefault(key, r)
-    return sorted(selected.values(),
-                  key=lambda r: position[record_key(r["benchmark"], r["temperature"], r["verification"], r["id"])])
+        if key_of(r) in position:
+            selected.setdefault(key_of(r), r)
+    return sorted(selected.values(), key=lambda r: position[key_of(r)])
 
 
 def _mean_step_length(turn: dict, tau_counts: str) -> float | None:
@@ -98,7 +145,7 @@ def _mean_step_length(turn: dict, tau_counts: str) -> float | None:
 
 
 def summarize(
-    records: Iterable[dict], *, tau_counts: str = "accepted-plus-bonus", tie_margin: float = GREEDY_TIE_MARGIN,
+    records: Iterable[dict], *, tau_counts: str = DEFAULTS["tau_counts"], greedy_tie_margin: float = GREEDY_TIE_MARGIN,
     request_tau: Callable[[dict], float | None] | None = None,
 ) -> list[dict]:
     """One summary row per (benchmark, temperature, verification), DFlash's definitions.
@@ -114,10 +161,10 @@ def summarize(
     for record in records:
         cells.setdefault((record["benchmark"], record["temperature"], record["verification"]), []).append(record)
     rows = []
-    for (benchmark, temperature, verification), cell in cells.items():
-        cell.sort(key=lambda r: r["prompt_index"])
+    for (benchmark, temperature, verification), all_records in cells.items():
+        cell = sorted((r for r in all_records if not r.get("skipped")), key=lambda r: r["prompt_index"])
         requests = [turn for record in cell for turn in record["turns"]]
-        block_size = cell[0]["block_size"]
+        block_size = all_records[0]["block_size"]
         # Replayed tau: only the requests decoded for real were timed; SR comes from them alone.
         timed = [t for t in requests if t.get("spec") is not None and t.get("ar") is not None]
         ar_tpot = statistics.fmean(t["ar"]["time_per_output_token_s"] for t in timed) if timed else None
@@ -128,19 +175,8 @@ def summarize(
         histogram = [lengths.count(b) / len(lengths) if lengths else 0.0 for b in range(block_size + 1)]
         mismatches, diverged, first, divergences = None, None, None, None
         if temperature == 0 and any(t["greedy"] is not None for t in requests):
-            mismatches, diverged, divergences = 0, 0, []
-            for record in cell:
-                for turn in record["turns"]:
-                    if turn["greedy"] is None:  # replayed, not decoded
-                        continue
-                    mismatches += turn["greedy"]["mismatches"]
-                    verdict = divergence_verdict(turn["greedy"], tie_margin)
-                    if verdict is not None:
-                        diverged += 1
-                        report = {"id": record["id"], "turn": turn["turn"], **turn["greedy"], "verdict": verdict}
-                        divergences.append(report)
-                        if first is None:
-                            first = report
+            mismatches, divergences = _greedy_divergences(cell, greedy_tie_margin)
+            diverged, first = len(divergences), divergences[0] if divergences else None
         rows.append({
             "benchmark": benchmark,
             "temperature": temperature,
@@ -151,31 +187,52 @@ def summarize(
             "ar_tpot_s": ar_tpot,
             "spec_tpot_s": spec_tpot,
             "num_prompts": len(cell),
+            # requests that could run past the target's context (exceeds_context): skipped, not scored
+            "skipped_too_long": sum(r.get("skipped") == TOO_LONG for r in all_records),
             "num_requests": len(requests),
             "num_timed_requests": len(timed),
             "num_output_tokens": sum(t["spec"]["num_output_tokens"] for t in timed),
-            "tau_source": cell[0].get("tau_source", "decode"),
+            "tau_source": all_records[0].get("tau", "decode"),
             "replay_check": _replay_check(cell),
             "greedy_mismatches": mismatches,  # token positions that differ, over all requests
             "greedy_diverged_requests": diverged,
             "first_mismatch": first,  # {id, turn, first_mismatch (position), top2_margin, verdict, ...}
             # every diverging request, each with the target's top-2 margin where the streams part
             "greedy_divergences": divergences,
-            "greedy_tie_margin": tie_margin,
+            "greedy_tie_margin": greedy_tie_margin,
             "greedy_ties": None if divergences is None else sum(d["verdict"] == "tie" for d in divergences),
             "greedy_failures": None if divergences is None else sum(d["verdict"] == "failure" for d in divergences),
             "tau_counts": tau_counts,
             "acceptance_histogram": histogram,
             # Per request, for paired bootstrap intervals between drafters (dpace.report.intervals).
-            "requests": [
-                {"id": record["id"], "turn": turn["turn"],
-                 "tau": request_tau(turn),
-                 "ar_tpot_s": turn["ar"]["time_per_output_token_s"] if turn.get("ar") else None,
-                 "spec_tpot_s": turn["spec"]["time_per_output_token_s"] if turn.get("spec") else None}
-                for record in cell for turn in record["turns"]
-            ],
+            "requests": _per_request(cell, request_tau),
         })
     return rows
+
+
+def _greedy_divergences(cell: list[dict], greedy_tie_margin: float) -> tuple[int, list[dict]]:
+    """Token positions that differ from greedy decoding over a cell's decoded requests, and every diverging
+    request with its verdict (``divergence_verdict``), in the cell's order."""
+    mismatches, divergences = 0, []
+    for record in cell:
+        for turn in record["turns"]:
+            if turn["greedy"] is None:  # replayed, not decoded
+                continue
+            mismatches += turn["greedy"]["mismatches"]
+            verdict = divergence_verdict(turn["greedy"], greedy_tie_margin)
+            if verdict is not None:
+                divergences.append({"id": record["id"], "turn": turn["turn"], **turn["greedy"], "verdict": verdict})
+    return mismatches, divergences
+
+
+def _per_request(cell: list[dict], request_tau) -> list[dict]:
+    return [
+        {"id": record["id"], "turn": turn["turn"],
+         "tau": request_tau(turn),
+         "ar_tpot_s": turn["ar"]["time_per_output_token_s"] if turn.get("ar") else None,
+         "spec_tpot_s": turn["spec"]["time_per_output_token_s"] if turn.get("spec") else None}
+        for record in cell for turn in record["turns"]
+    ]
 
 
 def _replay_check(cell: list[dict]) -> dict | None:

@@ -24,45 +24,57 @@ baseline file each evaluation times the target itself, prompt by prompt, in the 
 
 With ``tau="replay"`` (``eval.tau``, the default) tau comes from every prompt without decoding it:
 the target's answers and features (``measure_baseline``, once per target) are replayed by each drafter
-(``dpace.evaluation.replay``), and only the first ``decoded_prompts`` prompts of each benchmark are decoded for
+(``dpace.evaluation.replay``), and only the first ``decoded_prompts_per_benchmark`` prompts of each benchmark are decoded for
 real: SR comes from them, and their steps are compared with the replayed ones, a difference beyond a
 near-tie failing the job (``ReplayMismatch``). At T > 0 hard-match samples the target keyed by
 request and position, so the decoded and the replayed answer are the same sample.
 
-The job is resumable: one record per finished prompt is appended to ``records_path`` and prompts
-already recorded are skipped on a rerun; the summary (JSON) and per-block table (CSV) are written
-atomically from all records at the end.
+The job is resumable (``dpace.evaluation.requests.run_requests``): one record per finished prompt is
+appended to ``records_path``, keyed by the prompt's text and the job's settings and inputs, and prompts
+already recorded are skipped on a rerun; a prompt that could run past the target's context is skipped and
+counted (``skipped_too_long``). The summary (JSON) and per-block table (CSV) are written atomically from
+all records at the end. Each measurement is one handler (``_Decode``, ``_Replay``, ``_Baseline``).
 """
 
 from __future__ import annotations
 
+import contextlib
 import csv
 import io
 import zlib
 from collections.abc import Iterable
+from dataclasses import asdict
 from functools import partial
+from itertools import groupby
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from dpace.evaluation.decoding import (
-    DECODE_CLOCKS,
     autoregressive_generate,
     compare_to_greedy,
     speculative_generate,
     surrogate,
 )
-from dpace.evaluation.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
-    BLOCK_COLUMNS,
+from dpace.evaluation.eval_config import (  # noqa: F401 (re-exported: the evaluation's public names)
     GREEDY_TIE_MARGIN,
     TAU_COUNTS,
+    TAU_SOURCES,
+    EvalConfig,
+    ReferenceSettings,
+)
+from dpace.evaluation.eval_records import (  # noqa: F401 (re-exported: the evaluation's public names)
+    BLOCK_COLUMNS,
+    TOO_LONG,
     WARMUP_TOKENS,
+    Request,
     divergence_verdict,
     evaluation_plan,
+    exceeds_context,
+    keyed_by,
     load_benchmark,
-    record_key,
-    select_records,
+    prompt_checksum,
     summarize,
 )
 from dpace.evaluation.replay import (
@@ -73,23 +85,47 @@ from dpace.evaluation.replay import (
     replay_turn,
     target_features,
 )
+from dpace.evaluation.requests import (
+    BaselineTurn,
+    Conversation,
+    DecodedTurn,
+    Records,
+    ReplayedTurn,
+    RequestHandler,
+    RequestRecord,
+    converse,
+    run_requests,
+)
+from dpace.evaluation.target_answers import (  # noqa: F401 (re-exported)
+    TargetAnswers,
+    atomic_save_torch,
+    baseline_key,
+    feature_key,
+    load_baseline,
+    load_features,
+    shared_answers,
+)
 from dpace.features import default_target_layer_ids
 from dpace.io import (
-    JsonlAppender,
     atomic_write_json,
     atomic_write_jsonl,
     atomic_write_text,
-    current_records,
     input_checksum,
-    read_partial_jsonl,
 )
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids, target_checksum
 from dpace.training.drafter import check_drafter_matches_target, load_drafter
+
+# The baseline's records are keyed like an evaluation's, with this in place of a verification rule.
+BASELINE = "autoregressive"
 
 
 def _seed_for(seed: int, *parts) -> int:
     """A per-request seed, the same whether a run is fresh or resumed."""
     return zlib.crc32(repr((seed, *parts)).encode()) & 0x7FFFFFFF
+
+
+def _request_seed(seed: int, request: Request, turn_index: int) -> int:
+    return _seed_for(seed, request.benchmark, str(request.row["id"]), turn_index, float(request.temperature))
 
 
 def _generator(device: str, seed: int) -> torch.Generator:
@@ -104,6 +140,10 @@ def _timing(result) -> dict:
         "decode_time_s": result.decode_time_s,
         "time_per_output_token_s": result.time_per_output_token_s,
     }
+
+
+def _blocks(result) -> list[dict]:
+    return [{"accepted": b.accepted, "emitted": b.emitted, "q": b.q} for b in result.blocks]
 
 
 def _prompt_fingerprint(prompt_ids) -> int:
@@ -125,133 +165,259 @@ def _autoregressive(target, prompt_ids, temperature, request_seed, *, stops, max
     )
 
 
-def _evaluate_prompt(
-    row, prompt_index, benchmark, temperature, verification, *, target, drafter, tokenizer, stops,
-    max_new_tokens, seed, check_greedy, device, decode_clock, baseline: dict | None = None,
-) -> dict:
-    """Decode every turn of ``row`` speculatively; the autoregressive times and greedy tokens come from
-    ``baseline`` (that row's ``measure_baseline`` record) when given, else from decoding here."""
-    messages, turns = [], []
-    for turn_index, text in enumerate(row["turns"]):
-        messages.append({"role": "user", "content": text})
-        prompt_ids = chat_prompt_ids(tokenizer, messages)
-        request_seed = _seed_for(seed, benchmark, str(row["id"]), turn_index, float(temperature))
-        run_ar = partial(_autoregressive, target, prompt_ids, temperature, request_seed, stops=stops,
-                         max_new_tokens=max_new_tokens, device=device)
-        greedy_ids = None
-        if baseline is None:
-            ar = run_ar()
-            ar_timing, greedy_ids = _timing(ar), ar.new_token_ids
-        else:
-            base_turn = baseline["turns"][turn_index]
-            ar_timing = base_turn["ar"]
-            if ar_timing is None:
-                raise ValueError(f"the shared baseline did not time {benchmark} {row['id']} (its timed_prompts)")
-            # A later turn's prompt holds the speculative answer to the one before; it is the baseline's
-            # own answer unless the two parted (a near-tie in bf16), and only then the tokens differ.
-            if base_turn["prompt_fingerprint"] == _prompt_fingerprint(prompt_ids):
-                greedy_ids = base_turn["new_token_ids"]
-        key = _sampling_key(temperature, verification, request_seed)
+class _Local(RequestHandler):
+    """What the in-process handlers share: the target (and drafter) loaded once a request is pending, the
+    context check, the warm-up and the multi-turn loop."""
+
+    def __init__(self, target_json, config: EvalConfig, device: str, drafter_dir=None):
+        self.target_json, self.config, self.device, self.drafter_dir = target_json, config, device, drafter_dir
+        self.target = self.tokenizer = self.stops = self.drafter = None
+
+    def load(self) -> None:
+        if self.target is not None:
+            return
+        dtype = getattr(torch, self.config.dtype)
+        self.target, self.tokenizer = load_target(self.target_json, device=self.device, dtype=dtype)
+        if self.drafter_dir is not None:
+            self.drafter = load_drafter(self.drafter_dir, dtype=dtype).to(self.device)
+            check_drafter_matches_target(self.drafter.config, self.target.config)
+        self.stops = stop_token_ids(self.tokenizer)
+
+    def block_size(self) -> int | None:
+        return None if self.drafter is None else int(self.drafter.block_size)
+
+    def fits(self, request: Request) -> bool:
+        self.load()
+        return not exceeds_context(self.tokenizer, request.row, max_new_tokens=self.config.max_new_tokens,
+                                   block_size=self.block_size() or 0,
+                                   context=int(self.target.config.max_position_embeddings))
+
+    def skipped(self, request: Request) -> RequestRecord:
+        return RequestRecord.of(request, self.verification, [], block_size=self.block_size(), skipped=TOO_LONG)
+
+    def warm_up(self, text: str, *, autoregressive: bool = True) -> None:
+        """One short untimed run per temperature, so first-call costs stay out of the measurements."""
+        prompt_ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": text}])
+        for temperature in sorted(set(self.config.temperatures)):
+            generator = _generator(self.device, 0)
+            if autoregressive:
+                autoregressive_generate(self.target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=self.stops,
+                                        temperature=temperature, generator=generator)
+            if self.drafter is not None:
+                speculative_generate(self.drafter, self.target, prompt_ids, max_new_tokens=WARMUP_TOKENS,
+                                     stop_token_ids=self.stops, temperature=temperature,
+                                     verification=self.verification, generator=generator)
+
+    def converse(self, request: Request, answer) -> list:
+        return converse(self.tokenizer, request.row["turns"], answer, chat_prompt_ids)
+
+
+class _Decode(_Local):
+    """Every turn decoded speculatively; the autoregressive times and greedy tokens from ``baseline`` (the
+    request's ``measure_baseline`` record) when given, else decoded here, prompt by prompt."""
+
+    def __init__(self, target_json, drafter_dir, config: EvalConfig, device: str, baseline: dict | None):
+        super().__init__(target_json, config, device, drafter_dir)
+        self.verification, self.baseline = config.verification, baseline
+
+    @contextlib.contextmanager
+    def session(self, pending):
+        self.load()
+        self.warm_up(pending[0].row["turns"][0], autoregressive=self.baseline is None)
+        yield
+
+    def __call__(self, batch):
+        return [self.decode(request) for request in batch]
+
+    def decode(self, request: Request) -> RequestRecord:
+        base = None if self.baseline is None else self.baseline[baseline_key(*request[:2], request.row)]
+        turns = self.converse(request, partial(self._turn, request, base))
+        return RequestRecord.of(request, self.verification, turns, block_size=self.block_size())
+
+    def _turn(self, request: Request, base: dict | None, turn_index: int, prompt_ids) -> tuple[DecodedTurn, list]:
+        config, temperature = self.config, request.temperature
+        request_seed = _request_seed(config.seed, request, turn_index)
+        run_ar = partial(_autoregressive, self.target, prompt_ids, temperature, request_seed, stops=self.stops,
+                         max_new_tokens=config.max_new_tokens, device=self.device)
+        ar_timing, greedy_ids = self._autoregressive_half(request, base, turn_index, prompt_ids, run_ar)
         spec = speculative_generate(
-            drafter, target, prompt_ids, max_new_tokens=max_new_tokens, stop_token_ids=stops,
-            temperature=temperature, verification=verification,
-            generator=_generator(device, request_seed + 1), decode_clock=decode_clock, sampling_key=key,
-        )
-        turn = {
-            "turn": turn_index,
-            "ar": ar_timing,
-            "spec": _timing(spec),
-            "acceptance_lengths": spec.acceptance_lengths,
-            "block_lengths": spec.block_lengths,
-            "blocks": [{"accepted": b.accepted, "emitted": b.emitted, "q": b.q} for b in spec.blocks],
-            "greedy": None,
-            "new_token_ids": spec.new_token_ids,
-            "prompt_fingerprint": _prompt_fingerprint(prompt_ids),
-        }
-        if temperature == 0 and check_greedy:
+            self.drafter, self.target, prompt_ids, max_new_tokens=config.max_new_tokens, stop_token_ids=self.stops,
+            temperature=temperature, verification=self.verification,
+            generator=_generator(self.device, request_seed + 1), decode_clock=config.decode_clock,
+            sampling_key=_sampling_key(temperature, self.verification, request_seed))
+        turn = DecodedTurn(turn=turn_index, ar=ar_timing, spec=_timing(spec), acceptance_lengths=spec.acceptance_lengths,
+                           block_lengths=spec.block_lengths, blocks=_blocks(spec), greedy=None,
+                           new_token_ids=spec.new_token_ids, prompt_fingerprint=_prompt_fingerprint(prompt_ids))
+        if temperature == 0:
             if greedy_ids is None:  # this prompt is not the baseline's: its greedy answer is decoded here
                 greedy_ids = run_ar().new_token_ids
-            turn["greedy"] = compare_to_greedy(spec.new_token_ids, greedy_ids, target, prompt_ids)
-        turns.append(turn)
-        messages.append({"role": "assistant", "content": tokenizer.decode(spec.new_token_ids, skip_special_tokens=True)})
-    return {
-        "benchmark": benchmark,
-        "id": str(row["id"]),
-        "prompt_index": prompt_index,
-        "temperature": float(temperature),
-        "verification": verification,
-        "max_new_tokens": max_new_tokens,
-        "seed": seed,
-        "decode_clock": decode_clock,
-        "block_size": drafter.block_size,
-        "turns": turns,
-    }
+            turn.greedy = compare_to_greedy(spec.new_token_ids, greedy_ids, self.target, prompt_ids)
+        return turn, spec.new_token_ids
+
+    @staticmethod
+    def _autoregressive_half(request, base, turn_index, prompt_ids, run_ar) -> tuple[dict, list | None]:
+        """(timing, greedy tokens or None) of the target alone: decoded here, or the baseline's."""
+        if base is None:
+            ar = run_ar()
+            return _timing(ar), ar.new_token_ids
+        base_turn, fingerprint = base["turns"][turn_index], _prompt_fingerprint(prompt_ids)
+        if turn_index == 0 and base_turn["prompt_fingerprint"] != fingerprint:
+            raise ValueError(f"the shared baseline timed another prompt for {request.benchmark} {request.row['id']}")
+        if base_turn["ar"] is None:
+            raise ValueError(f"the shared baseline did not time {request.benchmark} {request.row['id']} "
+                             "(its timed_prompts)")
+        # A later turn's prompt holds the speculative answer to the one before; it is the baseline's
+        # own answer unless the two parted (a near-tie in bf16), and only then the tokens differ.
+        return base_turn["ar"], base_turn["new_token_ids"] if base_turn["prompt_fingerprint"] == fingerprint else None
 
 
-def _warm_up(target, drafter, tokenizer, stops, text, temperatures, verification, device, *, autoregressive=True) -> None:
-    """One short untimed run per temperature, so first-call costs stay out of the measurements."""
-    prompt_ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
-    for temperature in sorted(set(temperatures)):
-        generator = _generator(device, 0)
-        if autoregressive:
-            autoregressive_generate(target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
-                                    temperature=temperature, generator=generator)
-        if drafter is not None:
-            speculative_generate(drafter, target, prompt_ids, max_new_tokens=WARMUP_TOKENS, stop_token_ids=stops,
-                                 temperature=temperature, verification=verification, generator=generator)
+class _Replay(_Decode):
+    """Every turn's steps replayed over the target's answer (``references``); the first
+    ``config.decoded_prompts(T)`` prompts also decoded for real, timed and checked step for step."""
+
+    def __init__(self, target_json, drafter_dir, config, device, baseline, references: dict, features_path,
+                 compare_steps):
+        super().__init__(target_json, drafter_dir, config, device, baseline)
+        self.references, self.features_path, self.compare_steps = references, features_path, compare_steps
+        self.features = {}
+
+    def decodes(self, request: Request) -> bool:
+        return request.index < self.config.decoded_prompts(request.temperature)
+
+    @contextlib.contextmanager
+    def session(self, pending):
+        self.load()
+        if any(self.decodes(request) for request in pending):
+            self.warm_up(pending[0].row["turns"][0], autoregressive=self.baseline is None)
+        self.features = load_features(self.features_path, self.drafter)
+        yield
+
+    def __call__(self, batch):
+        return [self.replay(request) for request in batch]
+
+    def replay(self, request: Request) -> RequestRecord:
+        reference = self.references[baseline_key(*request[:2], request.row)]
+        first = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": request.row["turns"][0]}])
+        if reference["turns"][0]["prompt_ids"] != first:
+            raise ValueError(f"the reference answers were made for another prompt of {request.benchmark} "
+                             f"{request.row['id']}")
+        replays = [self._replay_turn(reference, ref_turn) for ref_turn in reference["turns"]]
+        turns = [turn for turn, _ in replays]
+        if self.decodes(request):
+            self._check(request, reference, replays, self.decode(request).turns)
+        return RequestRecord.of(request, self.verification, turns, block_size=self.block_size())
+
+    def _replay_turn(self, reference: dict, ref_turn: dict):
+        prompt_ids, answer_ids = ref_turn["prompt_ids"], ref_turn["new_token_ids"]
+        stored = self.features.get(feature_key(reference, ref_turn["turn"]))
+        needed = needed_context_start(self.drafter, len(prompt_ids))
+        if stored is not None and stored[0] <= needed:
+            start, feats = stored[0], stored[1].to(device=self.device, dtype=self.target.dtype)
+        else:
+            start = needed
+            feats = target_features(self.target, prompt_ids + answer_ids, self.drafter.target_layer_ids, start)
+        replayed = replay_turn(self.drafter, self.target, feats, start, prompt_ids, answer_ids,
+                               ref_turn.get("continuation_ids", []), max_new_tokens=self.config.max_new_tokens,
+                               stop_token_ids=self.stops)
+        turn = ReplayedTurn(turn=ref_turn["turn"], ar=None, spec=None, acceptance_lengths=replayed.acceptance_lengths,
+                            block_lengths=replayed.block_lengths, blocks=_blocks(replayed), greedy=None)
+        return turn, replayed
+
+    def _check(self, request: Request, reference: dict, replays: list, decoded: list[DecodedTurn]) -> None:
+        """The decoded turns' times and lossless check, and each one's exactness check against its replay."""
+        previous = None
+        for (turn, replayed), ref_turn, real in zip(replays, reference["turns"], decoded, strict=True):
+            turn.ar, turn.spec, turn.greedy = real.ar, real.spec, real.greedy
+            if real.prompt_fingerprint != ref_turn["prompt_fingerprint"]:
+                # the previous turn's answer parted from the reference: this turn's prompt is another one
+                check = {**previous, "cause": "previous turn"}
+            else:
+                key = _sampling_key(request.temperature, self.verification,
+                                    _request_seed(self.config.seed, request, ref_turn["turn"]))
+                divergence = compare_to_greedy(real.new_token_ids, ref_turn["new_token_ids"], self.target,
+                                               ref_turn["prompt_ids"], temperature=request.temperature, sampling_key=key)
+                check = self.compare_steps(asdict(turn), asdict(real), greedy_tie_margin=self.config.greedy_tie_margin,
+                                           target_divergence=divergence, drafter_margins=replayed.margins)
+            turn.replay_check = previous = check
 
 
-def _pending(plan, records, verification) -> dict[tuple[str, float], list[tuple[int, dict]]]:
-    """The plan's requests not yet in ``records``, grouped by (benchmark, temperature)."""
-    done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in records}
-    todo: dict[tuple[str, float], list[tuple[int, dict]]] = {}
-    for name, temperature, index, row in plan:
-        pending = todo.setdefault((name, temperature), [])
-        if record_key(name, temperature, verification, row["id"]) not in done:
-            pending.append((index, row))
-    return todo
+class _Baseline(_Local):
+    """The target decoding alone: its answers (greedy at T = 0, keyed samples above), each turn's prompt
+    and the continuation past a stop token; timed batch-1 for the first ``reference.timed_prompts``
+    prompts, answered in batches (untimed) for the others."""
 
+    verification = BASELINE
 
-def _progress(plan, name, temperature, pending):
-    total = sum(1 for b, t, _, _ in plan if (b, t) == (name, temperature))
-    return tqdm(pending, total=total, initial=total - len(pending), desc=f"{name} T={temperature:g}", unit="prompt")
+    def __init__(self, target_json, config: EvalConfig, reference: ReferenceSettings, device: str):
+        super().__init__(target_json, config, device)
+        self.reference = reference
 
+    @contextlib.contextmanager
+    def session(self, pending):
+        self.load()
+        self.warm_up(pending[0].row["turns"][0])
+        yield
 
-def _check_made(records, records_path, **made) -> None:
-    """Refuse an input file written with other decoding settings (its prompts would mix two runs)."""
-    for record in records:
-        theirs = {key: record.get(key) for key in made}
-        if theirs != made:
-            def listed(settings):
-                return ", ".join(f"{key}={value}" for key, value in settings.items())
-            raise ValueError(f"{records_path} holds records made with {listed(theirs)}; this run asks for "
-                             f"{listed(made)}: use a new records file")
+    def timed(self, request: Request) -> bool:
+        return self.reference.timed_prompts is None or request.index < self.reference.timed_prompts
 
+    def batches(self, pending):
+        """Per benchmark and temperature: the untimed prompts in batches, then the timed ones one by one."""
+        size = self.reference.batch_size
+        for _, group in groupby(pending, key=lambda request: request[:2]):
+            group = list(group)
+            untimed = [request for request in group if not self.timed(request)]
+            yield from (untimed[start : start + size] for start in range(0, len(untimed), size))
+            yield from ([request] for request in group if self.timed(request))
 
-# The baseline's records are keyed like an evaluation's, with this in place of a verification rule.
-BASELINE = "autoregressive"
+    def __call__(self, batch):
+        return [self._timed(batch[0])] if self.timed(batch[0]) else self._batched(batch)
+
+    def _timed(self, request: Request) -> RequestRecord:
+        def answer(turn_index, prompt_ids):
+            request_seed = _request_seed(self.config.seed, request, turn_index)
+            ar, continuation = reference_turn(
+                self.target, prompt_ids, temperature=request.temperature, stop_token_ids=self.stops,
+                sampling_key=_sampling_key(request.temperature, BASELINE, request_seed),
+                max_new_tokens=self.config.max_new_tokens, overrun=self.reference.overrun,
+                generator=_generator(self.device, request_seed))
+            return BaselineTurn(turn=turn_index, prompt_fingerprint=_prompt_fingerprint(prompt_ids), ar=_timing(ar),
+                                new_token_ids=ar.new_token_ids, prompt_ids=[int(t) for t in prompt_ids],
+                                continuation_ids=continuation), ar.new_token_ids
+
+        return RequestRecord.of(request, BASELINE, self.converse(request, answer))
+
+    def _batched(self, batch: list[Request]) -> list[RequestRecord]:
+        """The batch's answers, turn by turn (every conversation's turn t in one batch), untimed."""
+        conversations = [Conversation(self.tokenizer, chat_prompt_ids) for _ in batch]
+        turns = [[] for _ in batch]
+        temperature = batch[0].temperature
+        for turn_index in range(max(len(request.row["turns"]) for request in batch)):
+            rows = [i for i, request in enumerate(batch) if turn_index < len(request.row["turns"])]
+            prompts = [conversations[i].ask(batch[i].row["turns"][turn_index]) for i in rows]
+            keys = [_sampling_key(temperature, BASELINE, _request_seed(self.config.seed, batch[i], turn_index))
+                    for i in rows]
+            answers = batched_answers(self.target, prompts, temperature=temperature, sampling_keys=keys,
+                                      stop_token_ids=self.stops, max_new_tokens=self.config.max_new_tokens,
+                                      overrun=self.reference.overrun)
+            for i, prompt_ids, (answer, continuation) in zip(rows, prompts, answers, strict=True):
+                turns[i].append(BaselineTurn(turn=turn_index, prompt_fingerprint=_prompt_fingerprint(prompt_ids),
+                                             ar=None, new_token_ids=answer, prompt_ids=[int(t) for t in prompt_ids],
+                                             continuation_ids=continuation))
+                conversations[i].answered(token_ids=answer)
+        return [RequestRecord.of(request, BASELINE, turns[i]) for i, request in enumerate(batch)]
 
 
 def measure_baseline(
     target_json,
     benchmark_files: dict[str, str | Path],
+    config: EvalConfig,
     *,
-    temperatures,
-    max_new_tokens: int,
-    seed: int,
     records_path,
     out_path,
     device: str = "cpu",
-    dtype: str | torch.dtype = "float32",
-    sampled_prompts: int | None = None,
-    overrun: int = 0,
     features_path=None,
-    feature_layer_ids: list[int] | None = None,
-    feature_window: int = 0,
-    num_target_features: int = 3,
-    timed_prompts: int | None = None,
-    batch_size: int = 1,
-    share_features: bool = True,
+    reference: ReferenceSettings | None = None,
 ) -> list[dict]:
     """Time the target decoding alone on every request of the evaluation plan; write ``out_path``.
 
@@ -263,131 +429,57 @@ def measure_baseline(
     tau reads. Request seeds are the ones ``evaluate_drafter`` gives its in-process baseline, so both
     sample the same answers. Resumable through ``records_path`` like ``evaluate_drafter``.
 
-    ``features_path``: also write the target's context features (``feature_layer_ids``) of every
-    turn's prompt + answer, once for every drafter's replay: a dict by ``feature_key`` of (first
-    position, [positions, features] tensor in ``dtype``); with ``feature_window`` W > 0 only from W
-    positions before the answer (what a sliding-window drafter can see), else from position 0.
-
-    ``timed_prompts``: only the first N prompts of each benchmark and temperature are decoded batch-1
-    and timed (the ones an evaluation decodes for real, whose answers its exactness check compares
+    ``config``: the evaluation's settings (its temperatures, max_new_tokens, seed, dtype,
+    sampled_prompts_per_benchmark and shared_features are read); ``reference``: how the answers are made.
+    ``reference.timed_prompts``: only the first N prompts of each benchmark and temperature are decoded
+    batch-1 and timed (the ones an evaluation decodes for real, whose answers its exactness check compares
     with); the others' answers come from ``dpace.evaluation.replay.batched_answers`` in batches of
-    ``batch_size``, with ``"ar": None`` (None: every prompt timed). ``share_features=False`` writes
-    ``features_path`` empty: each evaluation then computes the features itself (one target forward per
-    request), for long answers of wide targets whose features would not fit on disk.
+    ``batch_size``, with ``"ar": None`` (None: every prompt timed).
+
+    ``features_path``: also write the target's context features of every turn's prompt + answer, once for
+    every drafter's replay (``_write_features``); ``shared_features=False`` writes it empty.
     """
-    dtype_name = str(dtype).removeprefix("torch.")
-    benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
-    temperatures = [float(t) for t in temperatures]
-    plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
-    made = {"max_new_tokens": max_new_tokens, "seed": seed, "dtype": dtype_name, "target": target_checksum(target_json),
-            "sampling": "keyed", "overrun": overrun, "timed_prompts": timed_prompts}
-    records = current_records(records_path, **made)
-    todo = _pending(plan, records, BASELINE)
-    target = tokenizer = None
-    if any(todo.values()):
-        target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
-        stops = stop_token_ids(tokenizer)
-        first_row = next(row for pending in todo.values() for _, row in pending)
-        _warm_up(target, None, tokenizer, stops, first_row["turns"][0], temperatures, BASELINE, device)
-        with JsonlAppender(records_path) as appender:
-            for (name, temperature), pending in todo.items():
-                untimed = [(i, row) for i, row in pending if timed_prompts is not None and i >= timed_prompts]
-                for start in range(0, len(untimed), batch_size):
-                    chunk = untimed[start : start + batch_size]
-                    for record in _batched_answer_records(chunk, name, temperature, target=target, tokenizer=tokenizer,
-                                                          stops=stops, seed=seed, max_new_tokens=max_new_tokens,
-                                                          overrun=overrun):
-                        record.update(made)
-                        appender.write(record)
-                        records.append(record)
-                    print(f"{name} T={temperature:g}: {start + len(chunk)} of {len(untimed)} untimed prompts answered",
-                          flush=True)
-                pending = [(i, row) for i, row in pending if timed_prompts is None or i < timed_prompts]
-                for index, row in _progress(plan, name, temperature, pending):
-                    messages, turns = [], []
-                    for turn_index, text in enumerate(row["turns"]):
-                        messages.append({"role": "user", "content": text})
-                        prompt_ids = chat_prompt_ids(tokenizer, messages)
-                        request_seed = _seed_for(seed, name, str(row["id"]), turn_index, temperature)
-                        ar, continuation = reference_turn(
-                            target, prompt_ids, temperature=temperature, stop_token_ids=stops,
-                            sampling_key=_sampling_key(temperature, BASELINE, request_seed),
-                            max_new_tokens=max_new_tokens, overrun=overrun, generator=_generator(device, request_seed))
-                        turns.append({"turn": turn_index, "prompt_fingerprint": _prompt_fingerprint(prompt_ids),
-                                      "ar": _timing(ar), "new_token_ids": ar.new_token_ids,
-                                      "prompt_ids": [int(t) for t in prompt_ids], "continuation_ids": continuation})
-                        messages.append({"role": "assistant",
-                                         "content": tokenizer.decode(ar.new_token_ids, skip_special_tokens=True)})
-                    record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index,
-                              "temperature": temperature, "verification": BASELINE, **made, "turns": turns}
-                    appender.write(record)
-                    records.append(record)
-    selected = select_records(records, plan, BASELINE)
-    if features_path is not None and not share_features:  # an empty file: evaluations compute their own
-        atomic_save_torch(features_path, {"layer_ids": [], "dtype": dtype_name, "features": {}})
-    elif features_path is not None:
-        if target is None:
-            target, _ = load_target(target_json, device=device, dtype=getattr(torch, dtype_name))
-        if feature_layer_ids is None:  # the drafters' default (SpecForge's build_target_layer_ids)
-            feature_layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
-        features = {}
-        for record in tqdm(selected, desc="features", unit="prompt"):
-            for turn in record["turns"]:
-                prompt_ids = turn["prompt_ids"]
-                start = 0 if not feature_window else max(0, len(prompt_ids) - int(feature_window) + 1)
-                features[feature_key(record, turn["turn"])] = (
-                    start, target_features(target, prompt_ids + turn["new_token_ids"], feature_layer_ids, start).cpu())
-        atomic_save_torch(features_path, {"layer_ids": list(feature_layer_ids), "dtype": dtype_name,
-                                          "features": features})
+    reference = reference or ReferenceSettings()
+    plan = evaluation_plan(_benchmarks(benchmark_files), config.temperatures, config.sampled_prompts_per_benchmark)
+    # Records of another target or other settings are stale: answered again.
+    made = {**config.key(), **reference.key(), "verification": BASELINE, "target": target_checksum(target_json),
+            "sampling": "keyed"}
+    handler = _Baseline(target_json, config, reference, device)
+    selected = run_requests(plan, Records(records_path, made), keyed_by(BASELINE), handler)
+    if features_path is not None:
+        _write_features(features_path, selected, handler, config.shared_features)
     atomic_write_jsonl(out_path, selected)
     return selected
 
 
-def _batched_answer_records(chunk, benchmark, temperature, *, target, tokenizer, stops, seed, max_new_tokens,
-                            overrun) -> list[dict]:
-    """``measure_baseline`` records of ``chunk``'s prompts, answered in batches turn by turn (untimed)."""
-    messages = {index: [] for index, _ in chunk}
-    turns = {index: [] for index, _ in chunk}
-    for turn_index in range(max(len(row["turns"]) for _, row in chunk)):
-        rows = [(index, row) for index, row in chunk if turn_index < len(row["turns"])]
-        prompts = []
-        for index, row in rows:
-            messages[index].append({"role": "user", "content": row["turns"][turn_index]})
-            prompts.append(chat_prompt_ids(tokenizer, messages[index]))
-        keys = [_sampling_key(temperature, BASELINE, _seed_for(seed, benchmark, str(row["id"]), turn_index, temperature))
-                for _, row in rows]
-        answers = batched_answers(target, prompts, temperature=temperature, sampling_keys=keys, stop_token_ids=stops,
-                                  max_new_tokens=max_new_tokens, overrun=overrun)
-        for (index, _), prompt_ids, (answer, continuation) in zip(rows, prompts, answers, strict=True):
-            turns[index].append({"turn": turn_index, "prompt_fingerprint": _prompt_fingerprint(prompt_ids), "ar": None,
-                                 "new_token_ids": answer, "prompt_ids": [int(t) for t in prompt_ids],
-                                 "continuation_ids": continuation})
-            messages[index].append({"role": "assistant", "content": tokenizer.decode(answer, skip_special_tokens=True)})
-    return [{"benchmark": benchmark, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
-             "verification": BASELINE, "turns": turns[index]} for index, row in chunk]
+def _benchmarks(benchmark_files: dict[str, str | Path]) -> dict[str, list[dict]]:
+    return {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
 
 
-def feature_key(record: dict, turn: int) -> str:
-    return f"{record['benchmark']}|{float(record['temperature'])}|{record['id']}|{turn}"
-
-
-def atomic_save_torch(path, value) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(value, tmp)
-    tmp.replace(path)
-
-
-def load_baseline(path, *, max_new_tokens: int, seed: int, dtype: str | torch.dtype,
-                  target: int) -> tuple[int, dict[tuple, dict]]:
-    """A checksum of a ``measure_baseline`` file (evaluation records remember which baseline they were
-    timed against) and its records by (benchmark, temperature, id); ``target``: ``target_checksum``."""
-    path = Path(path)
-    records = read_partial_jsonl(path)
-    _check_made(records, path, max_new_tokens=max_new_tokens, seed=seed, dtype=str(dtype).removeprefix("torch."),
-                target=target)
-    return zlib.crc32(path.read_bytes()), {(r["benchmark"], float(r["temperature"]), r["id"]): r for r in records}
+def _write_features(path, records: list[dict], handler: _Baseline, shared: bool) -> None:
+    """The target's context features (``reference.feature_layer_ids``) of every turn's prompt + answer: a
+    dict by ``feature_key`` of (first position, [positions, features] tensor in the evaluation's dtype);
+    with ``feature_window`` W > 0 only from W positions before the answer (what a sliding-window drafter
+    can see), else from position 0. Not ``shared``: an empty file (each evaluation computes its own, one
+    target forward per request, for long answers of wide targets whose features would not fit on disk)."""
+    dtype, reference = handler.config.dtype, handler.reference
+    if not shared:
+        atomic_save_torch(path, {"layer_ids": [], "dtype": dtype, "features": {}})
+        return
+    handler.load()
+    layer_ids, window = reference.feature_layer_ids, reference.feature_window
+    if layer_ids is None:  # the drafters' default (SpecForge's build_target_layer_ids)
+        if reference.num_target_features is None:
+            raise ValueError("shared features need feature_layer_ids or num_target_features")
+        layer_ids = default_target_layer_ids(handler.target.config.num_hidden_layers, reference.num_target_features)
+    features = {}
+    for record in tqdm(records, desc="features", unit="prompt"):
+        for turn in record["turns"]:
+            prompt_ids = turn["prompt_ids"]
+            start = 0 if not window else max(0, len(prompt_ids) - int(window) + 1)
+            features[feature_key(record, turn["turn"])] = (
+                start, target_features(handler.target, prompt_ids + turn["new_token_ids"], layer_ids, start).cpu())
+    atomic_save_torch(path, {"layer_ids": list(layer_ids), "dtype": dtype, "features": features})
 
 
 def blocks_csv(records: Iterable[dict]) -> str:
@@ -407,203 +499,69 @@ def blocks_csv(records: Iterable[dict]) -> str:
     return out.getvalue()
 
 
-TAU_SOURCES = ("decode", "replay")
-
-
 class ReplayMismatch(RuntimeError):
     """Replayed step lengths differ from real speculative decoding beyond a near-tie."""
-
-
-def _load_features(path, drafter) -> dict:
-    """Shared context features by ``feature_key``, if made for this drafter's layers (else recomputed)."""
-    if path is None or not Path(path).exists():
-        return {}
-    stored = torch.load(path, weights_only=True)
-    if list(stored["layer_ids"]) != [int(i) for i in drafter.target_layer_ids]:
-        return {}
-    return stored["features"]
-
-
-def _replay_prompt(row, prompt_index, benchmark, temperature, verification, *, target, drafter, tokenizer, stops,
-                   max_new_tokens, seed, device, decode_clock, reference, features, decode, tie_margin, baseline,
-                   compare_steps) -> dict:
-    """One prompt's record with replayed steps; decoded for real too when ``decode`` (timed, and checked)."""
-    turns, replays = [], []
-    if reference["turns"][0]["prompt_ids"] != chat_prompt_ids(tokenizer, [{"role": "user", "content": row["turns"][0]}]):
-        raise ValueError(f"the reference answers were made for another prompt of {benchmark} {row['id']}")
-    for ref_turn in reference["turns"]:
-        prompt_ids = ref_turn["prompt_ids"]
-        stored = features.get(feature_key(reference, ref_turn["turn"]))
-        needed = needed_context_start(drafter, len(prompt_ids))
-        if stored is not None and stored[0] <= needed:
-            start, feats = stored[0], stored[1].to(device=device, dtype=target.dtype)
-        else:
-            start = needed
-            feats = target_features(target, prompt_ids + ref_turn["new_token_ids"], drafter.target_layer_ids, start)
-        replayed = replay_turn(drafter, target, feats, start, prompt_ids, ref_turn["new_token_ids"],
-                               ref_turn.get("continuation_ids", []), max_new_tokens=max_new_tokens,
-                               stop_token_ids=stops)
-        replays.append(replayed)
-        turns.append({
-            "turn": ref_turn["turn"], "ar": None, "spec": None,
-            "acceptance_lengths": replayed.acceptance_lengths, "block_lengths": replayed.block_lengths,
-            "blocks": [{"accepted": b.accepted, "emitted": b.emitted, "q": b.q} for b in replayed.blocks],
-            "greedy": None, "replay_check": None,
-        })
-    if decode:
-        decoded = _evaluate_prompt(
-            row, prompt_index, benchmark, temperature, verification, target=target, drafter=drafter,
-            tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed, check_greedy=True,
-            device=device, decode_clock=decode_clock, baseline=baseline)
-        previous = None
-        for turn, replayed, ref_turn, real in zip(turns, replays, reference["turns"], decoded["turns"], strict=True):
-            turn.update(ar=real["ar"], spec=real["spec"], greedy=real["greedy"])
-            if real["prompt_fingerprint"] != ref_turn["prompt_fingerprint"]:
-                # the previous turn's answer parted from the reference: this turn's prompt is another one
-                check = {**previous, "cause": "previous turn"}
-            else:
-                request_seed = _seed_for(seed, benchmark, str(row["id"]), ref_turn["turn"], float(temperature))
-                divergence = compare_to_greedy(real["new_token_ids"], ref_turn["new_token_ids"], target,
-                                               ref_turn["prompt_ids"], temperature=temperature,
-                                               sampling_key=_sampling_key(temperature, verification, request_seed))
-                check = compare_steps(turn, real, tie_margin=tie_margin, target_divergence=divergence,
-                                      drafter_margins=replayed.margins)
-            turn["replay_check"] = previous = check
-    return {
-        "benchmark": benchmark, "id": str(row["id"]), "prompt_index": prompt_index, "temperature": float(temperature),
-        "verification": verification, "max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
-        "block_size": drafter.block_size, "turns": turns,
-    }
 
 
 def evaluate_drafter(
     target_json,
     drafter_dir,
     benchmark_files: dict[str, str | Path],
+    config: EvalConfig,
     *,
-    temperatures,
-    verification: str,
-    max_new_tokens: int,
-    seed: int,
     records_path,
     summary_path,
     blocks_path,
-    check_greedy: bool = True,
     device: str = "cpu",
-    dtype: str | torch.dtype = "float32",
-    sampled_prompts: int | None = None,
-    decode_clock: str = "after-first-draft",
-    tau_counts: str = "accepted-plus-bonus",
-    tie_margin: float = GREEDY_TIE_MARGIN,
-    baseline_path: str | Path | None = None,
-    tau: str = "decode",
-    reference_path: str | Path | None = None,
-    features_path: str | Path | None = None,
-    decoded_prompts: int | None = None,
-    sampled_decoded_prompts: int | None = None,
+    answers: TargetAnswers | None = None,
     compare_steps=compare_replay,
 ) -> list[dict]:
-    """Evaluate a drafter on every benchmark and temperature; return (and write) the summary rows.
+    """Evaluate a drafter on every benchmark and temperature of ``config``; return (and write) the summary rows.
 
-    ``tau``: "decode" (every request decoded speculatively, as DFlash's benchmark) or "replay":
+    ``config.tau``: "decode" (every request decoded speculatively, as DFlash's benchmark) or "replay":
     every request's steps are replayed over the target's answer (``dpace.evaluation.replay``) from
-    ``reference_path`` (a ``measure_baseline`` file made with an overrun; ``features_path`` its
+    ``answers.reference`` (a ``measure_baseline`` file made with an overrun; ``answers.features`` its
     features, recomputed here when absent or made for other layers), and only the first
-    ``decoded_prompts`` prompts of each benchmark and temperature (``sampled_decoded_prompts`` at T > 0,
-    None: the same) are decoded for real: their times
+    ``decoded_prompts_per_benchmark`` prompts of each benchmark and temperature
+    (``sampled_decoded_prompts_per_benchmark`` at T > 0, None: the same) are decoded for real: their times
     give SR, and their step lengths are compared with the replayed ones (``compare_steps``,
     ``dpace.evaluation.replay.compare_replay``). A difference that is not a near-tie fails the evaluation
     (``ReplayMismatch``, naming the request and answer position) after the records are written.
 
-    ``baseline_path``: a ``measure_baseline`` file with the same plan, ``max_new_tokens``, seed and
+    ``answers.baseline``: a ``measure_baseline`` file with the same plan, ``max_new_tokens``, seed and
     dtype, whose times and greedy tokens stand for the autoregressive half (None: decode it here).
 
-    Target and drafter run in ``dtype`` ("float32" or "bfloat16"; in bf16, batched and one-token
+    Target and drafter run in ``config.dtype`` ("float32" or "bfloat16"; in bf16, batched and one-token
     forwards round differently, so greedy outputs can part at near-ties: divergences below
-    ``tie_margin`` are counted as ties, others as failures, see ``divergence_verdict``).
+    ``greedy_tie_margin`` are counted as ties, others as failures, see ``divergence_verdict``).
     """
-    if tau_counts not in TAU_COUNTS:
-        raise ValueError(f"tau_counts must be one of {TAU_COUNTS}, got {tau_counts!r}")
-    if tau not in TAU_SOURCES:
-        raise ValueError(f"tau must be one of {TAU_SOURCES}, got {tau!r}")
-    if tau == "replay" and (reference_path is None or verification != "hard-match"):
-        raise ValueError("tau='replay' needs reference answers (reference_path) and hard-match verification")
-    if decode_clock not in DECODE_CLOCKS:
-        raise ValueError(f"decode_clock must be one of {DECODE_CLOCKS}, got {decode_clock!r}")
-    dtype = getattr(torch, dtype) if isinstance(dtype, str) else dtype
-    benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
-    temperatures = [float(t) for t in temperatures]
-    plan = evaluation_plan(benchmarks, temperatures, sampled_prompts)
+    config.check()
+    answers = answers or TargetAnswers()
+    if config.tau == "replay" and (answers.reference is None or config.verification != "hard-match"):
+        raise ValueError("tau='replay' needs reference answers (answers.reference) and hard-match verification")
+    plan = evaluation_plan(_benchmarks(benchmark_files), config.temperatures, config.sampled_prompts_per_benchmark)
     target = target_checksum(target_json)
-    baseline_id, baseline = None, None
-    if baseline_path is not None:
-        baseline_id, baseline = load_baseline(baseline_path, max_new_tokens=max_new_tokens, seed=seed, dtype=dtype,
-                                              target=target)
-        missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in baseline]
-        if missing:
-            raise ValueError(f"{baseline_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
-    # Records of another drafter, target, dtype or baseline (or none) are stale: decoded again.
-    made = {"max_new_tokens": max_new_tokens, "seed": seed, "decode_clock": decode_clock,
-            "dtype": str(dtype).removeprefix("torch."), "drafter": input_checksum(drafter_dir),
-            "target": target, "ar_baseline": baseline_id, "tau_source": tau, "sampling": "keyed"}
-    references = None
-    if tau == "replay":
-        references_id, references = load_baseline(reference_path, max_new_tokens=max_new_tokens, seed=seed,
-                                                  dtype=dtype, target=target)
-        missing = [(name, t, row["id"]) for name, t, _, row in plan if (name, t, str(row["id"])) not in references]
-        if missing:
-            raise ValueError(f"{reference_path} lacks {len(missing)} request(s) of this evaluation, e.g. {missing[0]}")
-        made.update(references=references_id, decoded_prompts=decoded_prompts,
-                    sampled_decoded_prompts=sampled_decoded_prompts)
+    baseline_id, baseline = shared_answers(answers.baseline, plan, config, target)
+    references_id, references = shared_answers(answers.reference if config.tau == "replay" else None, plan,
+                                                config, target)
+    # Records of another drafter, target, setting or baseline (or none) are stale: decoded again.
+    made = {**config.key(), "drafter": input_checksum(drafter_dir), "target": target, "ar_baseline": baseline_id,
+            "references": references_id, "sampling": "keyed"}
+    if config.tau == "replay":
+        handler = _Replay(target_json, drafter_dir, config, device, baseline, references, answers.features,
+                          compare_steps)
+    else:
+        handler = _Decode(target_json, drafter_dir, config, device, baseline)
+    selected = run_requests(plan, Records(records_path, made), keyed_by(config.verification), handler)
+    summary = summarize(selected, tau_counts=config.tau_counts, greedy_tie_margin=config.greedy_tie_margin)
+    _report(summary, config.greedy_tie_margin)
+    atomic_write_json(summary_path, summary)
+    atomic_write_text(blocks_path, blocks_csv(selected))
+    return summary
 
-    def decoded_count(temperature) -> int:
-        count = decoded_prompts if temperature == 0 or sampled_decoded_prompts is None else sampled_decoded_prompts
-        return count or 0
 
-    records = current_records(records_path, **made)
-    todo = _pending(plan, records, verification)
-
-    if any(todo.values()):
-        target, tokenizer = load_target(target_json, device=device, dtype=dtype)
-        drafter = load_drafter(drafter_dir, dtype=dtype).to(device)
-        check_drafter_matches_target(drafter.config, target.config)
-        stops = stop_token_ids(tokenizer)
-        first_row = next(row for pending in todo.values() for _, row in pending)
-        decodes = tau == "decode" or any(index < decoded_count(t) for (_, t), p in todo.items() for index, _ in p)
-        if decodes:
-            _warm_up(target, drafter, tokenizer, stops, first_row["turns"][0], temperatures, verification, device,
-                     autoregressive=baseline is None)
-        features = _load_features(features_path, drafter) if tau == "replay" else {}
-        with JsonlAppender(records_path) as appender:
-            for (name, temperature), pending in todo.items():
-                for index, row in _progress(plan, name, temperature, pending):
-                    if tau == "replay":
-                        record = _replay_prompt(
-                            row, index, name, temperature, verification, target=target, drafter=drafter,
-                            tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
-                            device=device, decode_clock=decode_clock, reference=references[(name, temperature, str(row["id"]))],
-                            features=features, decode=index < decoded_count(temperature), tie_margin=tie_margin,
-                            baseline=None if baseline is None else baseline[(name, temperature, str(row["id"]))],
-                            compare_steps=compare_steps)
-                        record.update(made)
-                        appender.write(record)
-                        records.append(record)
-                        continue
-                    base = None if baseline is None else baseline[(name, temperature, str(row["id"]))]
-                    if base is not None and base["turns"][0]["prompt_fingerprint"] != _prompt_fingerprint(
-                            chat_prompt_ids(tokenizer, [{"role": "user", "content": row["turns"][0]}])):
-                        raise ValueError(f"{baseline_path} timed another prompt for {name} {row['id']}")
-                    record = _evaluate_prompt(
-                        row, index, name, temperature, verification, target=target, drafter=drafter,
-                        tokenizer=tokenizer, stops=stops, max_new_tokens=max_new_tokens, seed=seed,
-                        check_greedy=check_greedy, device=device, decode_clock=decode_clock, baseline=base,
-                    )
-                    record.update(made)
-                    appender.write(record)
-                    records.append(record)
-
-    selected = select_records(records, plan, verification)
-    summary = summarize(selected, tau_counts=tau_counts, tie_margin=tie_margin)
+def _report(summary: list[dict], tie_margin: float) -> None:
+    """Print every greedy divergence and replay check; raise ``ReplayMismatch`` on a replay failure."""
     for row in summary:
         for divergence in row["greedy_divergences"] or []:
             margin = divergence["top2_margin"]
@@ -619,6 +577,9 @@ def evaluate_drafter(
         if check:
             print(f"replay check {row['benchmark']} T={row['temperature']:g}: {check['requests_compared']} request(s) "
                   f"compared, {check['equal']} equal, {check['ties']} near-tie(s), {check['failures']} failure(s)")
+        if row.get("skipped_too_long"):
+            print(f"{row['benchmark']} T={row['temperature']:g}: {row['skipped_too_long']} request(s) past the "
+                  "target's context skipped (skipped_too_long)")
     failures = [f for row in summary for f in (row.get("replay_check") or {}).get("failed", [])]
     if failures:
         first = failures[0]
@@ -627,6 +588,3 @@ def evaluate_drafter(
             f"(margin >= {tie_margin:g}); first: {first['benchmark']} T={first['temperature']:g} {first['id']} turn "
             f"{first['turn']}, step {first['step']} at answer position {first['position']} ({first['cause']}, margin "
             f"{first['margin']})")
-    atomic_write_json(summary_path, summary)
-    atomic_write_text(blocks_path, blocks_csv(selected))
-    return summary

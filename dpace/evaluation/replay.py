@@ -250,7 +250,7 @@ def replay_turn(drafter, target, features: torch.Tensor, feature_start: int, pro
     return result
 
 
-def compare_replay(replayed: dict, decoded: dict, *, tie_margin: float, target_divergence: dict | None = None,
+def compare_replay(replayed: dict, decoded: dict, *, greedy_tie_margin: float, target_divergence: dict | None = None,
                    drafter_margins: list[float] | None = None) -> dict:
     """The exactness check of one request: decoded step lengths against replayed ones.
 
@@ -275,7 +275,7 @@ def compare_replay(replayed: dict, decoded: dict, *, tie_margin: float, target_d
     else:
         margin = None if drafter_margins is None or step >= len(drafter_margins) else drafter_margins[step]
         cause = "drafter"
-    verdict = "tie" if margin is not None and margin < tie_margin else "failure"
+    verdict = "tie" if margin is not None and margin < greedy_tie_margin else "failure"
     return {"verdict": verdict, "step": step, "position": position, "margin": margin, "cause": cause}
 
 

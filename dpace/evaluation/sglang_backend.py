@@ -45,17 +45,22 @@ from collections.abc import Iterator
 from dataclasses import dataclass
 from pathlib import Path
 
+from dpace.evaluation.eval_config import GREEDY_TIE_MARGIN, EvalConfig
 from dpace.evaluation.eval_records import (
     BLOCK_COLUMNS,
+    TOO_LONG,
     WARMUP_TOKENS,
+    Request,
     evaluation_plan,
+    exceeds_context,
+    key_of,
+    keyed_by,
     load_benchmark,
-    record_key,
-    select_records,
     summarize,
 )
+from dpace.evaluation.requests import Records, RequestHandler, RequestRecord, converse, run_requests
 from dpace.gpus import INSTALL_HINT
-from dpace.io import JsonlAppender, atomic_write_json, atomic_write_text, current_records, input_checksum
+from dpace.io import atomic_write_json, atomic_write_text, input_checksum
 
 
 def free_port() -> int:
@@ -250,9 +255,16 @@ def drafter_block_size(drafter_dir: str | Path) -> int:
     return int(size)
 
 
-def summarize_sglang(records: list[dict]) -> list[dict]:
+def _context_length(model_path: str, trust_remote_code: bool) -> int:
+    from transformers import AutoConfig
+
+    return int(AutoConfig.from_pretrained(model_path, trust_remote_code=trust_remote_code).max_position_embeddings)
+
+
+def summarize_sglang(records: list[dict], greedy_tie_margin: float = GREEDY_TIE_MARGIN) -> list[dict]:
     """``dpace.evaluation.eval_records.summarize`` rows, with tau from SGLang's per-request accept lengths."""
-    rows = summarize(records, request_tau=lambda turn: turn.get("spec_accept_length"))
+    rows = summarize(records, request_tau=lambda turn: turn.get("spec_accept_length"),
+                     greedy_tie_margin=greedy_tie_margin)
     for row in rows:
         turns = [t for r in records if (r["benchmark"], r["temperature"], r["verification"])
                  == (row["benchmark"], row["temperature"], row["verification"]) for t in r["turns"]]
@@ -262,97 +274,160 @@ def summarize_sglang(records: list[dict]) -> list[dict]:
     return rows
 
 
+@dataclass
+class SpeculativeTurn:
+    """One turn answered by the DFLASH server (phase 1): its prompt and output ids, its timing and SGLang's
+    speculative counters (``_acceptance``)."""
+
+    turn: int
+    prompt_ids: list[int]
+    output_ids: list[int]
+    spec: dict
+    spec_accept_length: float | None
+    spec_verify_ct: int | None
+    acceptance_lengths: list[int]
+    has_histogram: bool
+
+
+@dataclass
+class ServedTurn:
+    """A turn's final record: phase 1's counters, the autoregressive server's time on the same prompt ids
+    and, at T = 0, the two servers' token ids compared (``_greedy``); SGLang exposes no per-block q."""
+
+    turn: int
+    spec: dict
+    spec_accept_length: float | None
+    spec_verify_ct: int | None
+    acceptance_lengths: list[int]
+    has_histogram: bool
+    ar: dict
+    blocks: list
+    greedy: dict | None
+
+
+class _Served(RequestHandler):
+    """What both SGLang phases share: the target's tokenizer, and a loopback server (with the drafter or
+    without) started, and warmed up, only when a request of its phase is pending."""
+
+    def __init__(self, target_json, config: EvalConfig, block_size: int, log_path: Path, startup_timeout_s: float,
+                 drafter_dir=None):
+        from dpace.targets import load_tokenizer, model_location, stop_token_ids
+
+        self.model_path, self.trust = model_location(target_json)
+        self.tokenizer = load_tokenizer(target_json)
+        self.stops = stop_token_ids(self.tokenizer)
+        self.config, self.verification, self.block_size = config, config.verification, block_size
+        self.log_path, self.startup_timeout_s, self.drafter_dir = log_path, startup_timeout_s, drafter_dir
+        self.server = None
+
+    def sampling(self, temperature: float, max_new_tokens: int | None = None) -> dict:
+        return _sampling(temperature, max_new_tokens or self.config.max_new_tokens, self.stops)
+
+    def warm_up_text(self, pending: list[Request]) -> str:
+        raise NotImplementedError
+
+    @contextlib.contextmanager
+    def session(self, pending):
+        port = free_port()
+        drafter = {} if self.drafter_dir is None else {"drafter": str(self.drafter_dir), "block_size": self.block_size}
+        command = server_command(self.model_path, port, seed=self.config.seed, trust_remote_code=self.trust, **drafter)
+        with sglang_server(command, port, self.log_path, startup_timeout_s=self.startup_timeout_s) as server:
+            from dpace.targets import chat_prompt_ids
+
+            self.server = server
+            ids = chat_prompt_ids(self.tokenizer, [{"role": "user", "content": self.warm_up_text(pending)}])
+            for temperature in sorted(set(self.config.temperatures)):
+                server.generate(ids, self.sampling(temperature, WARMUP_TOKENS))
+            yield
+
+
+class _Speculative(_Served):
+    """Phase 1: the drafter server answers every turn of a request, each after its answer to the one before."""
+
+    context = None
+
+    def fits(self, request: Request) -> bool:
+        self.context = self.context or _context_length(self.model_path, self.trust)
+        return not exceeds_context(self.tokenizer, request.row, max_new_tokens=self.config.max_new_tokens,
+                                   block_size=self.block_size, context=self.context)
+
+    def skipped(self, request: Request) -> RequestRecord:
+        return RequestRecord.of(request, self.verification, [], skipped=TOO_LONG)
+
+    def warm_up_text(self, pending):
+        return pending[0].row["turns"][0]
+
+    def __call__(self, batch):
+        from dpace.targets import chat_prompt_ids
+
+        def answer(request, turn_index, prompt_ids):
+            response, seconds = self.server.generate(prompt_ids, self.sampling(request.temperature))
+            meta, output_ids = response.get("meta_info") or {}, _output_ids(response, self.tokenizer)
+            return SpeculativeTurn(turn=turn_index, prompt_ids=prompt_ids, output_ids=output_ids,
+                                   spec=_timing(len(prompt_ids), len(output_ids), seconds, meta),
+                                   **_acceptance(meta)), response.get("text", "")
+
+        return [RequestRecord.of(request, self.verification, converse(
+            self.tokenizer, request.row["turns"], lambda *turn, request=request: answer(request, *turn),
+            chat_prompt_ids)) for request in batch]
+
+
+class _Autoregressive(_Served):
+    """Phase 2: the same server without a drafter, on the very same token ids as phase 1's (``spec``)."""
+
+    def __init__(self, *args, spec: dict[tuple, dict], key, **kwargs):
+        super().__init__(*args, **kwargs)
+        self.spec, self.key = spec, key
+
+    def fits(self, request: Request) -> bool:
+        return not self.spec[self.key(request)].get("skipped")
+
+    def warm_up_text(self, pending):
+        return self.tokenizer.decode(self.spec[self.key(pending[0])]["turns"][0]["prompt_ids"][-64:])
+
+    def __call__(self, batch):
+        return [self._timed(request, self.spec[self.key(request)]) for request in batch]
+
+    def _timed(self, request: Request, spec: dict) -> RequestRecord:
+        turns = []
+        for turn in spec["turns"]:
+            response, seconds = self.server.generate(turn["prompt_ids"], self.sampling(request.temperature))
+            ar_ids = _output_ids(response, self.tokenizer)
+            counters = {k: v for k, v in turn.items() if k not in ("prompt_ids", "output_ids")}
+            turns.append(ServedTurn(
+                **counters, ar=_timing(len(turn["prompt_ids"]), len(ar_ids), seconds, response.get("meta_info") or {}),
+                blocks=[], greedy=_greedy(turn["output_ids"], ar_ids) if request.temperature == 0 else None))
+        return RequestRecord.of(request, self.verification, turns, engine="sglang")
+
+
 def evaluate_sglang(
-    target_json, drafter_dir, benchmark_files: dict[str, str | Path], *, temperatures, verification: str,
-    max_new_tokens: int, seed: int, records_path, summary_path, blocks_path, log_dir,
-    startup_timeout_s: float = 1800.0, sampled_prompts: int | None = None,
+    target_json, drafter_dir, benchmark_files: dict[str, str | Path], config: EvalConfig, *, records_path,
+    summary_path, blocks_path, log_dir, startup_timeout_s: float = 1800.0,
 ) -> list[dict]:
     """Evaluate a drafter with SGLang's DFLASH speculative decoding; the arguments and outputs of
-    ``dpace.evaluation.evaluate.evaluate_drafter`` (the local backend), plus SGLang's log folder."""
-    from dpace.targets import chat_prompt_ids, load_tokenizer, model_location, stop_token_ids, target_checksum
+    ``dpace.evaluation.evaluate.evaluate_drafter`` (the local backend), plus SGLang's log folder.
+    SGLang decodes every request (``config.tau`` "decode") and applies its own verification rule."""
+    from dpace.targets import target_checksum
 
+    config.check()
+    if config.tau != "decode":
+        raise ValueError(f"eval.backend sglang decodes every request: tau must be 'decode', got {config.tau!r}")
     benchmarks = {name: load_benchmark(path, name) for name, path in benchmark_files.items()}
-    temperatures = [float(t) for t in temperatures]
-    block_size = drafter_block_size(drafter_dir)
-    model_path, trust = model_location(target_json)
-    tokenizer = load_tokenizer(target_json)
-    stops = stop_token_ids(tokenizer)
-    records_path, log_dir = Path(records_path), Path(log_dir)
-    spec_path = Path(f"{records_path}.spec")
-    wanted = evaluation_plan(benchmarks, temperatures, sampled_prompts)
-
+    plan = evaluation_plan(benchmarks, config.temperatures, config.sampled_prompts_per_benchmark)
+    block_size, log_dir = drafter_block_size(drafter_dir), Path(log_dir)
     # Records of another drafter, target or setting are stale (the job reran because one changed).
-    made = {"max_new_tokens": max_new_tokens, "seed": seed, "block_size": block_size,
-            "drafter": input_checksum(drafter_dir), "target": target_checksum(target_json)}
-    finals = current_records(records_path, **made)
-    spec_rows = current_records(spec_path, **made)
-    final_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]) for r in finals}
-    spec_done = {record_key(r["benchmark"], r["temperature"], r["verification"], r["id"]): r for r in spec_rows}
-
-    def warm_up(server, text):
-        ids = chat_prompt_ids(tokenizer, [{"role": "user", "content": text}])
-        for temperature in sorted(set(temperatures)):
-            server.generate(ids, _sampling(temperature, WARMUP_TOKENS, stops))
-
-    # Phase 1: the drafter server, every turn of every pending prompt.
-    todo = [w for w in wanted if record_key(w[0], w[1], verification, w[3]["id"]) not in final_done
-            and record_key(w[0], w[1], verification, w[3]["id"]) not in spec_done]
-    if todo:
-        port = free_port()
-        command = server_command(model_path, port, drafter=str(drafter_dir), block_size=block_size, seed=seed,
-                                 trust_remote_code=trust)
-        with sglang_server(command, port, log_dir / "sglang-dflash.log", startup_timeout_s=startup_timeout_s) as server, \
-                JsonlAppender(spec_path) as out:
-            warm_up(server, todo[0][3]["turns"][0])
-            for name, temperature, index, row in todo:
-                messages, turns = [], []
-                for turn_index, text in enumerate(row["turns"]):
-                    messages.append({"role": "user", "content": text})
-                    prompt_ids = chat_prompt_ids(tokenizer, messages)
-                    response, seconds = server.generate(prompt_ids, _sampling(temperature, max_new_tokens, stops))
-                    meta = response.get("meta_info") or {}
-                    output_ids = _output_ids(response, tokenizer)
-                    turns.append({
-                        "turn": turn_index,
-                        "prompt_ids": prompt_ids,
-                        "output_ids": output_ids,
-                        "spec": _timing(len(prompt_ids), len(output_ids), seconds, meta),
-                        **_acceptance(meta),
-                    })
-                    messages.append({"role": "assistant", "content": response.get("text", "")})
-                record = {"benchmark": name, "id": str(row["id"]), "prompt_index": index, "temperature": temperature,
-                          "verification": verification, **made, "turns": turns}
-                out.write(record)
-                spec_done[record_key(name, temperature, verification, row["id"])] = record
-
-    # Phase 2: the same server without a drafter, on the very same token ids.
-    todo = [spec_done[k] for k in (record_key(w[0], w[1], verification, w[3]["id"]) for w in wanted)
-            if k not in final_done and k in spec_done]
-    if todo:
-        port = free_port()
-        command = server_command(model_path, port, seed=seed, trust_remote_code=trust)
-        with sglang_server(command, port, log_dir / "sglang-autoregressive.log",
-                           startup_timeout_s=startup_timeout_s) as server, JsonlAppender(records_path) as out:
-            warm_up(server, tokenizer.decode(todo[0]["turns"][0]["prompt_ids"][-64:]))
-            for spec_record in todo:
-                turns = []
-                for turn in spec_record["turns"]:
-                    response, seconds = server.generate(
-                        turn["prompt_ids"], _sampling(spec_record["temperature"], max_new_tokens, stops))
-                    ar_ids = _output_ids(response, tokenizer)
-                    final_turn = {k: v for k, v in turn.items() if k not in ("prompt_ids", "output_ids")}
-                    final_turn.update(
-                        ar=_timing(len(turn["prompt_ids"]), len(ar_ids), seconds, response.get("meta_info") or {}),
-                        blocks=[],
-                        greedy=_greedy(turn["output_ids"], ar_ids) if spec_record["temperature"] == 0 else None,
-                    )
-                    turns.append(final_turn)
-                record = {**spec_record, "turns": turns, "engine": "sglang"}
-                out.write(record)
-                finals.append(record)
-
-    rows = select_records(finals, wanted, verification)
-    summary = summarize_sglang(rows)
+    made = {**config.key(), "block_size": block_size, "drafter": input_checksum(drafter_dir),
+            "target": target_checksum(target_json)}
+    key, finals = keyed_by(config.verification), Records(records_path, made)
+    done = {key_of(record) for record in finals.items}
+    served = (target_json, config, block_size)
+    spec = run_requests([request for request in plan if key(request) not in done],
+                        Records(f"{records_path}.spec", made), key,
+                        _Speculative(*served, log_dir / "sglang-dflash.log", startup_timeout_s, drafter_dir))
+    rows = run_requests(plan, finals, key, _Autoregressive(
+        *served, log_dir / "sglang-autoregressive.log", startup_timeout_s, key=key,
+        spec={key_of(record): record for record in spec}))
+    summary = summarize_sglang(rows, greedy_tie_margin=config.greedy_tie_margin)
     atomic_write_json(summary_path, summary)
     atomic_write_text(blocks_path, ",".join(BLOCK_COLUMNS) + "\n")
     return summary

@@ -9,8 +9,8 @@ Backends share one interface, ``generate_responses(...)``:
 - ``sglang`` (GPUs): SGLang's offline ``Engine``; imported only when chosen.
 
 Generation is resumable: each finished prompt is appended (and flushed) to a scratch file outside
-the job's declared outputs (Snakemake deletes those when a job fails), a rerun skips the ids already
-there, and the final file is written atomically in the prompts' order. A sidecar next to the scratch
+the job's declared outputs (Snakemake deletes those when a job fails), a rerun skips the prompts (id and
+text) already answered there, and the final file is written atomically in the prompts' order. A sidecar next to the scratch
 file records the settings and the target that made it; a rerun with other ones starts over.
 """
 
@@ -47,6 +47,16 @@ def _conversation(row: dict, response: str, truncated: bool) -> dict:
         # must not teach the drafter an end token at this point (dpace.features.tokenize_conversation)
         conversation["truncated"] = True
     return conversation
+
+
+def _asked(row: dict) -> tuple:
+    """A prompt's key: its id and its text. An answer is only ever reused for the very text it answered."""
+    return row["id"], row["prompt"]
+
+
+def _answered(conversation: dict) -> tuple:
+    """The key (``_asked``) of the prompt a stored conversation answers."""
+    return conversation["id"], conversation["conversations"][0]["content"]
 
 
 def _tokenized_prompts(tokenizer, rows: list[dict], max_prompt_tokens: int) -> tuple[list, int]:
@@ -181,9 +191,9 @@ def generate_responses(
         print(f"{scratch_path} holds answers of other settings or another target: generating them again")
         scratch_path.unlink()
     atomic_write_json(made_path, made)
-    done = {row["id"] for row in read_partial_jsonl(scratch_path)}
+    done = {_answered(answer) for answer in read_partial_jsonl(scratch_path)}
     tokenizer = load_tokenizer(target_json)
-    todo, too_long = _tokenized_prompts(tokenizer, [r for r in rows if r["id"] not in done], max_prompt_tokens)
+    todo, too_long = _tokenized_prompts(tokenizer, [r for r in rows if _asked(r) not in done], max_prompt_tokens)
     torch.manual_seed(seed)
     with JsonlAppender(scratch_path) as out:
         if todo:
@@ -191,10 +201,10 @@ def generate_responses(
                 target_json, todo, out, max_new_tokens=max_new_tokens, temperature=temperature,
                 batch_size=batch_size, seed=seed, device=device, dtype=dtype,
             )
-    by_id = {row["id"]: row for row in read_partial_jsonl(scratch_path)}
-    _require_responses(by_id, rows, too_long, max_prompt_tokens, prompts_path)
-    atomic_write_jsonl(out_path, [by_id[row["id"]] for row in rows if row["id"] in by_id])
+    answers = {_answered(answer): answer for answer in read_partial_jsonl(scratch_path)}
+    _require_responses(answers, rows, too_long, max_prompt_tokens, prompts_path)
+    atomic_write_jsonl(out_path, [answers[_asked(row)] for row in rows if _asked(row) in answers])
     scratch_path.unlink()
     made_path.unlink()
-    return {"prompts": len(rows), "resumed": len(done), "generated": len(todo), "skipped_too_long": too_long,
+    return {"prompts": len(rows), "resumed": sum(_asked(row) in done for row in rows), "generated": len(todo), "skipped_too_long": too_long,
             "dtype": dtype}

@@ -17,7 +17,7 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
-from dpace.paths import BASELINE, DRAFTER_SUMMARY, EVAL_SUMMARY
+from dpace.paths import BASELINE, DRAFTER_DIR, DRAFTER_SUMMARY, EPOCH_DIR, EVAL_BLOCKS, EVAL_SUMMARY, REFERENCE_FEATURES
 from dpace.experiments import (
     ARTIFACTS,
     BLOCKS,
@@ -234,7 +234,7 @@ def reference_answers(wildcards):
     if replay_covered(wildcards):
         return {
             "reference": baseline_records(wildcards.target),
-            "features": f"{RESULTS}/eval/{wildcards.target}/reference-features.pt",
+            "features": f"{RESULTS}/{REFERENCE_FEATURES.format(target=wildcards.target)}",
         }
     return {}
 

@@ -1,6 +1,8 @@
 # Stage 6: speculative decoding on the benchmarks; tau, speedup and per-block records.
 # Timing jobs take every core so that two of them never share the CPU and skew each other's SR.
 
+from dpace.evaluation.eval_config import BASELINE_SETTINGS
+
 rule autoregressive_baseline:
     input:
         target=f"{RESULTS}/targets/{{target}}/target.json",
@@ -8,26 +10,29 @@ rule autoregressive_baseline:
     output:
         # the target's answers (greedy at T=0, keyed samples at T>0), their times, and the context
         # features replayed tau reads: computed once per target for every drafter's evaluation
-        baseline=f"{RESULTS}/eval/{{target}}/autoregressive-baseline.jsonl",
-        features=f"{RESULTS}/eval/{{target}}/reference-features.pt",
+        baseline=f"{RESULTS}/{BASELINE}",
+        features=f"{RESULTS}/{REFERENCE_FEATURES}",
     log:
         f"{RESULTS}/logs/eval/{{target}}/autoregressive-baseline.log",
     benchmark:
         f"{RESULTS}/benchmarks/eval/{{target}}/autoregressive-baseline.tsv"
     params:
-        temperatures=BASELINE_TEMPERATURES,
-        max_new_tokens=config["eval"]["max_new_tokens"],
-        sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
-        seed=config["seed"],
-        dtype=config["eval"]["dtype"],
-        overrun=REPLAY_OVERRUN,
-        # replayed tau: batch-1 (timed) answers for the prompts evaluations decode, batched ones for the rest
-        timed_prompts=BASELINE_TIMED_PROMPTS,
-        batch_size=config["responses"]["batch_size"],
-        share_features=config["eval"]["shared_features"],
-        num_target_features=config["features"]["num_target_features"],
-        target_layer_ids=config["features"]["target_layer_ids"],
-        feature_window=config["train"]["sliding_window"],
+        # dpace.evaluation.eval_config.EvalConfig: the eval settings the target's answers depend on
+        eval={
+            **{key: config["eval"][key] for key in BASELINE_SETTINGS},
+            "temperatures": BASELINE_TEMPERATURES,
+            "seed": config["seed"],
+        },
+        # ReferenceSettings; replayed tau: batch-1 (timed) answers for the prompts evaluations decode,
+        # batched ones for the rest
+        reference={
+            "overrun": REPLAY_OVERRUN,
+            "timed_prompts": BASELINE_TIMED_PROMPTS,
+            "batch_size": config["responses"]["batch_size"],
+            "num_target_features": config["features"]["num_target_features"],
+            "feature_layer_ids": config["features"]["target_layer_ids"],
+            "feature_window": config["train"]["sliding_window"],
+        },
         records=f"{SCRATCH}/eval/{{target}}/autoregressive-baseline.records.jsonl",
         code=script_fingerprint("autoregressive_baseline.py"),
     threads: JOB_THREADS
@@ -41,14 +46,14 @@ rule evaluate:
     input:
         unpack(shared_baseline),
         unpack(reference_answers),
-        train_summary=f"{RESULTS}/drafters/{{target}}/{{variant}}/summary.json",
+        train_summary=f"{RESULTS}/{DRAFTER_SUMMARY}",
         target=f"{RESULTS}/targets/{{target}}/target.json",
         benchmarks=lambda wildcards: expand(
             f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl", benchmark=SUITES[wildcards.suite]["benchmarks"]
         ),
     output:
         summary=f"{RESULTS}/{EVAL_SUMMARY}",  # dpace.experiments: the metrics parse it back
-        blocks=f"{RESULTS}/eval/{{target}}/{{variant}}/epoch-{{epoch}}/{{suite}}/blocks.csv",
+        blocks=f"{RESULTS}/{EVAL_BLOCKS}",
     log:
         f"{RESULTS}/logs/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.log",
     benchmark:
@@ -57,20 +62,18 @@ rule evaluate:
         epoch=r"\d+",
         suite="|".join(SUITES),
     params:
-        drafter=lambda wildcards: f"{RESULTS}/drafters/{wildcards.target}/{wildcards.variant}/epoch-{wildcards.epoch}",
-        temperatures=lambda wildcards: SUITES[wildcards.suite]["temperatures"],
-        verification=config["eval"]["verification"],
-        max_new_tokens=config["eval"]["max_new_tokens"],
-        sampled_prompts=config["eval"]["sampled_prompts_per_benchmark"],
-        seed=config["seed"],
-        backend=eval_backend,
-        dtype=config["eval"]["dtype"],
-        decode_clock=config["eval"]["decode_clock"],
-        tau_counts=config["eval"]["tau_counts"],
-        greedy_tie_margin=config["eval"]["greedy_tie_margin"],
-        tau=lambda wildcards: "replay" if replay_covered(wildcards) else "decode",
-        decoded_prompts=config["eval"]["decoded_prompts_per_benchmark"],
-        sampled_decoded_prompts=config["eval"]["sampled_decoded_prompts_per_benchmark"],
+        drafter=lambda wildcards: f"{RESULTS}/{DRAFTER_DIR}/{EPOCH_DIR}".format(
+            target=wildcards.target, variant=wildcards.variant, epoch=wildcards.epoch
+        ),
+        # dpace.evaluation.eval_config.EvalConfig: the eval section, the suite's temperatures and backend,
+        # the seed, and tau as the suite can have it (replay only where the shared reference answers cover it)
+        eval=lambda wildcards: {
+            **config["eval"],
+            "temperatures": SUITES[wildcards.suite]["temperatures"],
+            "backend": eval_backend(wildcards),
+            "seed": config["seed"],
+            "tau": "replay" if replay_covered(wildcards) else "decode",
+        },
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=script_fingerprint("evaluate.py"),
     threads: JOB_THREADS

@@ -3,45 +3,33 @@ from pathlib import Path
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402 (after the log redirect)
-from dpace.locks import machine_lock  # noqa: E402
+from dpace.evaluation.eval_config import EvalConfig  # noqa: E402 (after the log redirect)
+from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402
+from dpace.locks import machine_lock, timing_lock  # noqa: E402
 
 params = snakemake.params
+config = EvalConfig.from_config(params.eval)  # the eval section with the suite's overrides (evaluate.smk)
 benchmarks = {Path(path).stem: path for path in snakemake.input.benchmarks}
-common = dict(
-    temperatures=params.temperatures,
-    verification=params.verification,
-    max_new_tokens=params.max_new_tokens,
-    sampled_prompts=params.sampled_prompts,
-    seed=params.seed,
-    records_path=params.records,
-    summary_path=snakemake.output.summary,
-    blocks_path=snakemake.output.blocks,
-)
+outputs = dict(records_path=params.records, summary_path=snakemake.output.summary, blocks_path=snakemake.output.blocks)
 
-if params.backend == "sglang":
+if config.backend == "sglang":
     from dpace.evaluation.sglang_backend import evaluate_sglang
 
     log = Path(snakemake.log[0])
-    # The timing lock: no other invocation's decoding runs while this one times its own (SR).
+    # The timing lock: no other job's decoding runs on this machine while this one times its own (SR).
     with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))), machine_lock("timing"):
-        evaluate_sglang(snakemake.input.target, params.drafter, benchmarks, log_dir=log.with_suffix(".sglang"), **common)
-elif params.backend == "local":
+        evaluate_sglang(snakemake.input.target, params.drafter, benchmarks, config, log_dir=log.with_suffix(".sglang"),
+                        **outputs)
+else:
     import torch
 
-    from dpace.evaluation.evaluate import evaluate_drafter
+    from dpace.evaluation.evaluate import TargetAnswers, evaluate_drafter
 
     torch.set_num_threads(snakemake.threads)
+    answers = TargetAnswers(baseline=snakemake.input.get("baseline"), reference=snakemake.input.get("reference"),
+                            features=snakemake.input.get("features"))
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-    # The timing lock: no other invocation's decoding runs while this one times its own (SR).
-    with torch_device_slot(snakemake.resources.get("gpu", 0)) as device, machine_lock("timing"):
-        evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, device=device,
-                         dtype=params.dtype, decode_clock=params.decode_clock, tau_counts=params.tau_counts,
-                         tie_margin=params.greedy_tie_margin, baseline_path=snakemake.input.get("baseline"),
-                         tau=params.tau, reference_path=snakemake.input.get("reference"),
-                         features_path=snakemake.input.get("features"), decoded_prompts=params.decoded_prompts,
-                         sampled_decoded_prompts=params.sampled_decoded_prompts, **common)
-else:
-    from dpace.schema import schema_enum
-
-    raise ValueError(f"eval.backend={params.backend!r}; valid: {', '.join(schema_enum('eval', 'backend'))}")
+    # The timing lock (one per device): no other job decodes on this device while this one times its own (SR).
+    with torch_device_slot(snakemake.resources.get("gpu", 0)) as device, machine_lock(timing_lock(device)):
+        evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, config, device=device, answers=answers,
+                         **outputs)
