@@ -438,6 +438,29 @@ def test_the_page_says_whether_an_interval_covers_training_seeds(tmp_path):
     assert "covers training seeds (3)" in page and "(these drafters, one seed)" not in page
 
 
+def test_the_page_warns_of_requests_skipped_past_the_context(tmp_path):
+    """One evaluation of Table 1 skipped 2 requests too long for the target's context (``skipped_too_long``
+    in metrics/main.csv): the page says so under the count, naming the evaluation; none skipped, no warning."""
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump([ABOVE_DFLASH]))
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3)])
+    rows = [{"target": "t", "variant": variant, "epoch": 6, "suite": "full", "benchmark": benchmark,
+             "temperature": 0.0, "tau": 1.4, "skipped_too_long": 0}
+            for variant in ("dflash-d1", "dpace-d1") for benchmark in ("gsm8k", "math500")]
+
+    def page() -> str:
+        pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "main.csv", index=False)
+        findings.write_findings(claims, tmp_path, tmp_path / "findings.md", config_name="c.yaml", commit="abc")
+        return (tmp_path / "findings.md").read_text()
+
+    assert "Warning" not in page() and "skipped" not in page()
+    rows[3]["skipped_too_long"] = 2
+    warned = page()
+    assert "**Warning:** 2 request(s) past the target's context were skipped" in warned
+    assert "dpace-d1 epoch 6 math500 T=0: 2" in warned
+    assert findings.headline(warned).startswith("**1 claims:** **1** reproduced")
+
+
 @pytest.mark.parametrize("kind", ["contrast", "correlation_gap", "weight_shift", "correlation"])
 @pytest.mark.parametrize("scale", ["relative", "accepted"])
 def test_a_relative_scale_on_a_measure_without_a_reference_is_refused(tmp_path, kind, scale):

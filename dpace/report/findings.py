@@ -24,10 +24,12 @@ import subprocess
 from collections.abc import Sequence
 from pathlib import Path
 
+import pandas as pd
 import yaml
 
 from dpace.io import atomic_write_text
-from dpace.report.claim_measures import MEASURES, measure_gradient
+from dpace.report.claim_measures import MEASURES, measure_gradient, read_csv
+from dpace.report.metrics_frame import skipped_requests_text
 from dpace.report.scorecard_page import headline, scorecard
 from dpace.report.verdicts import (
     BEYOND,
@@ -111,6 +113,21 @@ def gradients(claims: Sequence[dict], results: str | Path) -> dict[str, list[dic
     return {c["id"]: measure_gradient(c, results) for c in real_claims(claims) if "gradient" in c}
 
 
+def skipped_requests(claims: Sequence[dict], results: str | Path) -> str:
+    """The evaluations the claims read that skipped requests past the target's context, as one line
+    (``skipped_requests_text``); empty when none did."""
+    measured = real_claims(claims)
+    experiments = {"main"} | {c["measure"]["experiment"] for c in measured if "experiment" in c["measure"]} | {
+        c["gradient"]["experiment"] for c in measured if "gradient" in c}
+    frames = []
+    for experiment in sorted(experiments):
+        try:
+            frames.append(read_csv(Path(results), f"{experiment}.csv"))
+        except NotRun:  # the claims reading it are "not run"
+            continue
+    return skipped_requests_text(pd.concat(frames, ignore_index=True)) if frames else ""
+
+
 def checkout_commit(folder: str | Path) -> str:
     """The commit checked out at ``folder`` (short, "-dirty" with uncommitted changes), or "unknown"."""
     def git(*args: str) -> str:
@@ -128,6 +145,6 @@ def write_findings(claims_path, results, out, *, config_name: str, commit: str) 
     claims = read_claims(claims_path)
     found = findings(claims, results)
     page = scorecard(found, config_name=config_name, commit=commit, grads=gradients(claims, results),
-                     unmeasurable=not_measurable(claims))
+                     unmeasurable=not_measurable(claims), skipped=skipped_requests(claims, results))
     atomic_write_text(out, page)
     return found

@@ -2,8 +2,7 @@
 ``dpace.report.figures`` (required columns, final epoch, one temperature, configurations, averages over
 benchmarks, objectives in their records' row order, runs borrowed from another experiment, the ablation's
 tau trajectories, one drafter's per-block records and their rank correlations, the evaluations that skipped
-requests too long for the target). Nothing here formats
-LaTeX (``dpace.report.latex``) or draws.
+requests too long for the target). Nothing here formats LaTeX (``dpace.report.latex``) or draws.
 """
 
 from __future__ import annotations

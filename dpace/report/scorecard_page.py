@@ -152,8 +152,9 @@ def gradients_table(grads: dict[str, list[dict]]) -> list[str]:
 
 
 def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads: dict | None = None,
-              unmeasurable: Sequence[dict] = ()) -> str:
-    """The scorecard as Markdown: the claim-level count, one row per claim, then each measured cell once."""
+              unmeasurable: Sequence[dict] = (), skipped: str = "") -> str:
+    """The scorecard as Markdown: the claim-level count, one row per claim, then each measured cell once.
+    ``skipped``: the evaluations that skipped requests past the target's context, warned of under the count."""
     grads = grads or {}
     by_claim: dict[str, list[Finding]] = {}
     for f in found:
@@ -175,6 +176,7 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         f"Cells: {len(measured) - beyond_cells} measured in settings the paper reported, {beyond_cells} beyond the "
         "paper (shown, not counted).",
         "",
+        *([f"**Warning:** {skipped}", ""] if skipped else []),
         "A claim is *reproduced* only if every cell the paper reported is (its 95% interval inside the claimed "
         "region), *contradicted* if any such cell lies outside it after Holm's correction over the claim's cells, "
         "else *inconclusive*. Each run cell is judged against the paper cell nearest its setting (same "
