@@ -29,7 +29,11 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    ``intervals`` (paired and seed-level bootstrap intervals), ``metrics_frame`` (the row
                    selection tables and figures share), ``latex`` (LaTeX helpers), ``tables/`` (one module per
                    table), ``figures``, ``render`` (one artifact from the CSVs), ``findings`` (the scorecard
-                   of the paper's claims, ``workflow/claims.yaml``)
+                   of the paper's claims, ``workflow/claims.yaml``: the file read and checked, its claims
+                   measured, the page written), ``verdicts`` (its rules: units, the matched paper cell, a
+                   cell's and a claim's verdict), ``claim_measures`` (how each kind of claim is measured in
+                   results/), ``scorecard_page`` (the page as Markdown), ``scale`` (a gain's gradient
+                   across strata), ``timing`` (step times in contiguous windows)
 - shared           ``config``, ``schema`` (the config's checks and its expansion into drafter variants; the
                    schema's defaults and enums), ``experiments`` (the registry of experiments: how each
                    expands into drafters, its tables and figures with their renderers), ``paths`` (where

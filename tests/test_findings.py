@@ -13,7 +13,7 @@ import pandas as pd
 import pytest
 import yaml
 
-from dpace.report import findings
+from dpace.report import claim_measures, findings, scorecard_page, verdicts
 from dpace.report.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Finding, Region
 from dpace.report.intervals import COMPARISON_COLUMNS, paired_bootstrap, paired_contrast
 
@@ -82,20 +82,20 @@ def needs_only_the_low_end(low, high, region):  # reads "the interval excludes 0
 
 @pytest.mark.parametrize("broken_rule", [ignores_the_interval, needs_only_one_end_inside, needs_only_the_low_end])
 def test_a_broken_verdict_rule_fails_the_three_verdicts(tmp_path, monkeypatch, broken_rule):
-    monkeypatch.setattr(findings, "verdict", broken_rule)
+    monkeypatch.setattr(verdicts, "verdict", broken_rule)
     with pytest.raises(AssertionError):
         check_three_verdicts(tmp_path)
 
 
 def test_the_verdict_rule_on_bands_and_open_ends():
     band = Region.of({"between": [0.05, 0.15]})
-    assert findings.verdict(0.06, 0.14, band) == REPRODUCED
-    assert findings.verdict(0.16, 0.30, band) == CONTRADICTED
-    assert findings.verdict(-0.2, 0.0, band) == CONTRADICTED
-    assert findings.verdict(0.10, 0.20, band) == INCONCLUSIVE
-    assert findings.verdict(-1.0, 1.0, band) == INCONCLUSIVE  # wider than the band: cannot tell
-    assert findings.verdict(math.nan, math.nan, Region.of({"above": 0})) == INCONCLUSIVE  # no interval
-    assert findings.verdict(-0.3, -0.1, Region.of({"below": 0})) == REPRODUCED
+    assert verdicts.verdict(0.06, 0.14, band) == REPRODUCED
+    assert verdicts.verdict(0.16, 0.30, band) == CONTRADICTED
+    assert verdicts.verdict(-0.2, 0.0, band) == CONTRADICTED
+    assert verdicts.verdict(0.10, 0.20, band) == INCONCLUSIVE
+    assert verdicts.verdict(-1.0, 1.0, band) == INCONCLUSIVE  # wider than the band: cannot tell
+    assert verdicts.verdict(math.nan, math.nan, Region.of({"above": 0})) == INCONCLUSIVE  # no interval
+    assert verdicts.verdict(-0.3, -0.1, Region.of({"below": 0})) == REPRODUCED
 
 
 def test_relative_claims_divide_the_interval_by_the_reference(tmp_path):
@@ -299,16 +299,16 @@ def test_the_recipe_for_adding_a_claim_works_as_written(tmp_path):
 def test_tau_gains_convert_to_accepted_draft_length():
     # The paper's Table 4: +0.42 over DFlash's 4.10 at B=16 is +10.2% in tau and +13.5% in tau - 1; +0.20 over
     # 3.88 at B=8 is +5.2% and +6.9%. The a2f4e57 run's +0.042 over 1.392: +3.0% in tau, +10.7% in tau - 1.
-    assert findings.in_unit(0.42, 4.10, "relative") == pytest.approx(0.1024, abs=1e-4)
-    assert findings.in_unit(0.42, 4.10, "accepted") == pytest.approx(0.1355, abs=1e-4)
-    assert findings.in_unit(0.20, 3.88, "accepted") == pytest.approx(0.0694, abs=1e-4)
-    assert findings.in_unit(0.042, 1.392, "accepted") == pytest.approx(0.1071, abs=1e-4)
-    assert findings.in_unit(0.042, 1.392, "absolute") == 0.042
+    assert verdicts.in_unit(0.42, 4.10, "relative") == pytest.approx(0.1024, abs=1e-4)
+    assert verdicts.in_unit(0.42, 4.10, "accepted") == pytest.approx(0.1355, abs=1e-4)
+    assert verdicts.in_unit(0.20, 3.88, "accepted") == pytest.approx(0.0694, abs=1e-4)
+    assert verdicts.in_unit(0.042, 1.392, "accepted") == pytest.approx(0.1071, abs=1e-4)
+    assert verdicts.in_unit(0.042, 1.392, "absolute") == 0.042
     with pytest.raises(ValueError, match="unknown scale"):
-        findings.in_unit(0.1, 2.0, "percent")
+        verdicts.in_unit(0.1, 2.0, "percent")
     # The paper's number in a cell goes through the same conversion as the run's measurement.
     claim = {**ABOVE_DFLASH, "verdict": {"paper_factor": 2, "scale": "accepted"}}
-    assert findings.paper_value(claim, {"tau": 4.08, "dflash": 3.88}) == pytest.approx(0.20 / 2.88)
+    assert verdicts.paper_value(claim, {"tau": 4.08, "dflash": 3.88}) == pytest.approx(0.20 / 2.88)
 
 
 def test_an_accepted_length_claim_is_judged_in_tau_minus_one(tmp_path):
@@ -329,7 +329,7 @@ def test_an_accepted_length_claim_is_judged_in_tau_minus_one(tmp_path):
 def test_each_run_cell_meets_the_paper_cell_nearest_its_setting():
     claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
     gain = claims["t1-dpace-tau-gain-about-10pct"]
-    at = findings.match_paper_cell
+    at = verdicts.match_paper_cell
     assert at(gain, {"temperature": 0.0, "block_size": 8, "depth": 2}) == {
         "depth": 3, "block_size": 8, "temperature": 0, "tau": 4.08, "dflash": 3.88, "source": "tex:375"}
     # T=1 has only B=16 cells: the nearest block size at the same temperature, and the shallower depth.
@@ -354,17 +354,17 @@ BARELY = [cell(0.2, 0.1, 0.3, REPRODUCED), cell(-0.011, -0.021, -0.001, CONTRADI
 
 
 def check_claim_verdicts() -> None:
-    assert findings.claim_verdict(ALL_HOLD) == REPRODUCED
-    assert findings.claim_verdict(ONE_FAILS) == CONTRADICTED
-    assert findings.claim_verdict(MIXED) == INCONCLUSIVE
-    assert findings.claim_verdict(BARELY) == INCONCLUSIVE
-    assert findings.claim_verdict([Finding(ABOVE_DFLASH, NOT_RUN)]) == NOT_RUN
+    assert verdicts.claim_verdict(ALL_HOLD) == REPRODUCED
+    assert verdicts.claim_verdict(ONE_FAILS) == CONTRADICTED
+    assert verdicts.claim_verdict(MIXED) == INCONCLUSIVE
+    assert verdicts.claim_verdict(BARELY) == INCONCLUSIVE
+    assert verdicts.claim_verdict([Finding(ABOVE_DFLASH, NOT_RUN)]) == NOT_RUN
 
 
 def test_one_verdict_per_claim_from_its_cells():
     check_claim_verdicts()
-    assert findings.holm_contradicted([0.001, 0.02, 0.5]) == [True, False, False]  # 0.02 >= 0.025 / 2
-    assert findings.p_outside(-0.011, -0.021, -0.001, Region.of({"above": 0})) < 0.025  # contradicted alone
+    assert verdicts.holm_contradicted([0.001, 0.02, 0.5]) == [True, False, False]  # 0.02 >= 0.025 / 2
+    assert verdicts.p_outside(-0.011, -0.021, -0.001, Region.of({"above": 0})) < 0.025  # contradicted alone
 
 
 def majority_of_cells(cells):
@@ -383,9 +383,9 @@ def without_holm(pvalues, alpha=0.025):
 @pytest.mark.parametrize("broken", ["majority", "any", "no_holm"])
 def test_a_broken_claim_rule_fails_the_constructed_cells(monkeypatch, broken):
     if broken == "no_holm":
-        monkeypatch.setattr(findings, "holm_contradicted", without_holm)
+        monkeypatch.setattr(verdicts, "holm_contradicted", without_holm)
     else:
-        monkeypatch.setattr(findings, "claim_verdict", majority_of_cells if broken == "majority" else any_cell_reproduced)
+        monkeypatch.setattr(verdicts, "claim_verdict", majority_of_cells if broken == "majority" else any_cell_reproduced)
     with pytest.raises(AssertionError):
         check_claim_verdicts()
 
@@ -397,7 +397,7 @@ def check_beyond_the_paper(results: Path) -> None:
                                 comparison_row(1, -0.2, -0.3, -0.1, temperature=1.0)])
     found = findings.findings([claim], results)
     assert [f.verdict for f in found] == [REPRODUCED, findings.BEYOND]
-    assert findings.claim_verdict(found) == REPRODUCED
+    assert verdicts.claim_verdict(found) == REPRODUCED
     page = findings.scorecard(found, config_name="c.yaml", commit="abc")
     assert "**1** reproduced" in findings.headline(page) and "**0** contradicted" in findings.headline(page)
     assert "1 measured in settings the paper reported, 1 beyond the paper" in page
@@ -408,8 +408,8 @@ def test_cells_the_paper_did_not_report_are_beyond_it_and_not_counted(tmp_path):
 
 
 def test_ignoring_the_temperature_fails_the_scope_check(tmp_path, monkeypatch):
-    original = findings.match_paper_cell
-    monkeypatch.setattr(findings, "match_paper_cell",
+    original = verdicts.match_paper_cell
+    monkeypatch.setattr(verdicts, "match_paper_cell",
                         lambda claim, attrs: original(claim, {k: v for k, v in attrs.items() if k != "temperature"}))
     with pytest.raises(AssertionError):
         check_beyond_the_paper(tmp_path)
@@ -436,6 +436,29 @@ def test_the_page_says_whether_an_interval_covers_training_seeds(tmp_path):
     write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3, num_seeds=3)])
     page = findings.scorecard(findings.findings([ABOVE_DFLASH], tmp_path), config_name="c.yaml", commit="abc")
     assert "covers training seeds (3)" in page and "(these drafters, one seed)" not in page
+
+
+def test_the_page_warns_of_requests_skipped_past_the_context(tmp_path):
+    """One evaluation of Table 1 skipped 2 requests too long for the target's context (``skipped_too_long``
+    in metrics/main.csv): the page says so under the count, naming the evaluation; none skipped, no warning."""
+    claims = tmp_path / "claims.yaml"
+    claims.write_text(yaml.safe_dump([ABOVE_DFLASH]))
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3)])
+    rows = [{"target": "t", "variant": variant, "epoch": 6, "suite": "full", "benchmark": benchmark,
+             "temperature": 0.0, "tau": 1.4, "skipped_too_long": 0}
+            for variant in ("dflash-d1", "dpace-d1") for benchmark in ("gsm8k", "math500")]
+
+    def page() -> str:
+        pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "main.csv", index=False)
+        findings.write_findings(claims, tmp_path, tmp_path / "findings.md", config_name="c.yaml", commit="abc")
+        return (tmp_path / "findings.md").read_text()
+
+    assert "Warning" not in page() and "skipped" not in page()
+    rows[3]["skipped_too_long"] = 2
+    warned = page()
+    assert "**Warning:** 2 request(s) past the target's context were skipped" in warned
+    assert "dpace-d1 epoch 6 math500 T=0: 2" in warned
+    assert findings.headline(warned).startswith("**1 claims:** **1** reproduced")
 
 
 @pytest.mark.parametrize("kind", ["contrast", "correlation_gap", "weight_shift", "correlation"])
@@ -484,7 +507,7 @@ def test_the_step_time_claim_uses_windows(tmp_path, monkeypatch):
     claim = {**claims["t7-step-overhead-small"], "verdict": {"below": 0.0, "scale": "relative"}}  # "not slower"
     [found] = findings.findings([claim], tmp_path)
     assert found.verdict == INCONCLUSIVE and "within these two runs" in found.note
-    monkeypatch.setattr(findings, "window_means", lambda times, windows: np.asarray(times))  # single steps
+    monkeypatch.setattr(claim_measures, "window_means", lambda times, windows: np.asarray(times))  # single steps
     assert findings.findings([claim], tmp_path)[0].verdict == CONTRADICTED
 
 
@@ -522,10 +545,10 @@ def test_a_scale_mark_needs_a_measured_gradient():
     flat = {"slope": 0.01, "ci_low": -0.05, "ci_high": 0.07, "cell": "t d1", "over": "benchmark",
             "stratifier": "topk-prefix"}
     steep = {**flat, "slope": 0.3, "ci_low": 0.1, "ci_high": 0.5}
-    assert "scale-sensitive" not in findings.scale_mark(claim, [])
-    assert "scale-sensitive" not in findings.scale_mark(claim, [flat])
-    assert findings.scale_mark(claim, [steep]).startswith("**scale-sensitive (measured)**")
-    assert "Conjecture (not measured): gains grow with tau" in findings.scale_mark(claim, [flat])
+    assert "scale-sensitive" not in scorecard_page.scale_mark(claim, [])
+    assert "scale-sensitive" not in scorecard_page.scale_mark(claim, [flat])
+    assert scorecard_page.scale_mark(claim, [steep]).startswith("**scale-sensitive (measured)**")
+    assert "Conjecture (not measured): gains grow with tau" in scorecard_page.scale_mark(claim, [flat])
 
 
 def test_the_not_measurable_list_in_docs_matches_the_claims_file():
@@ -584,11 +607,11 @@ def test_the_gradient_is_read_from_each_benchmarks_evaluations(tmp_path):
                   "tau": move(level), "speedup": 1.0} for b, level in levels.items()]
     (tmp_path / "metrics").mkdir()
     pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "main.csv", index=False)
-    [gradient] = findings.measure_gradient(claims["t1-dpace-above-dflash"], tmp_path)
+    [gradient] = claim_measures.measure_gradient(claims["t1-dpace-above-dflash"], tmp_path)
     assert gradient["strata"] == 4 and gradient["cell"] == "t d2 B8 T0 epoch 6"
     assert gradient["gain"] == pytest.approx([0.1 + 0.1 * (levels[b] - 1.2) for b in sorted(levels)])
     assert gradient["slope"] == pytest.approx(0.1) and gradient["ci_low"] > 0
-    mark = findings.scale_mark(claims["t1-dpace-above-dflash"], [gradient])
+    mark = scorecard_page.scale_mark(claims["t1-dpace-above-dflash"], [gradient])
     assert mark.startswith("**scale-sensitive (measured)**") and "across benchmarks" in mark
     page = findings.scorecard([], config_name="c", commit="x", grads={"t1-dpace-above-dflash": [gradient]})
     assert "+0.100 [" in page.split("## Scale", 1)[1]

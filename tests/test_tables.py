@@ -14,7 +14,9 @@ Fixture design (tests/data/metrics.csv, one final epoch = 2 unless stated):
 
 from __future__ import annotations
 
+import json
 import re
+from pathlib import Path
 
 import pandas as pd
 import pytest
@@ -125,6 +127,58 @@ def test_table_main_shows_the_mean_over_training_seeds(metrics, tmp_path):
     single = table_main(metrics)
     assert parse(latex)[2] == parse(single)[2]  # every number, and which are bold
     assert "mean over 3 training seeds" in latex and "training seeds" not in single
+
+
+def write_summaries(metrics: pd.DataFrame, folder) -> tuple[list[dict], list[str]]:
+    """Table 1's fixture rows as the evaluation summaries they came from (one summary.json per drafter and
+    epoch, as dpace.evaluation writes them): the variants' metadata and the summaries' paths."""
+    from dpace.io import atomic_write_text
+    from dpace.paths import EVAL_SUMMARY
+
+    main = metrics[metrics["experiment"] == "main"]
+    variants, paths = [], []
+    for (variant, epoch), rows in main.groupby(["variant", "epoch"]):
+        first = rows.iloc[0]
+        if not any(v["variant"] == variant for v in variants):
+            variants.append({"target": first["target"], "target_label": first["target_label"], "variant": variant,
+                             "experiment": "main", "objective": first["objective"], "depth": int(first["depth"]),
+                             "block_size": int(first["block_size"])})
+        path = folder / EVAL_SUMMARY.format(target=first["target"], variant=variant, epoch=epoch, suite="full")
+        path.parent.mkdir(parents=True)
+        entries = rows[["benchmark", "temperature", "tau", "speedup", "num_prompts", "num_output_tokens"]]
+        atomic_write_text(path, json.dumps(entries.assign(skipped_too_long=0).to_dict("records")))
+        paths.append(str(path))
+    return variants, paths
+
+
+def test_requests_skipped_past_the_context_reach_the_metrics_csv_and_the_table(metrics, tmp_path):
+    """An evaluation that skipped 2 requests too long for the target's context (its summary's
+    skipped_too_long): the metrics CSV carries the count, and Table 1 drawn from it says in a LaTeX comment
+    which cell's tau and SR come from fewer requests than planned; with no request skipped it says nothing."""
+    from dpace.report.collect import write_experiment_metrics
+    from dpace.report.render import render_artifact
+
+    variants, paths = write_summaries(metrics, tmp_path / "results")
+    csv, table = tmp_path / "main.csv", tmp_path / "table_main.tex"
+    write_experiment_metrics(variants, paths, metrics_csv=csv, blocks_csv=tmp_path / "blocks.csv")
+    render_artifact("table_main", metrics=[csv], out=table)
+    assert "WARNING" not in table.read_text() and parse(table.read_text())[2] == parse(table_main(metrics))[2]
+
+    summary = next(p for p in paths if "/main-dpace-d1/epoch-2/" in p)
+    entries = json.loads(Path(summary).read_text())
+    entries[1]["skipped_too_long"] = 2
+    Path(summary).write_text(json.dumps(entries))
+    write_experiment_metrics(variants, paths, metrics_csv=csv, blocks_csv=tmp_path / "blocks.csv")
+    collected = pd.read_csv(csv)
+    assert collected["skipped_too_long"].sum() == 2
+    skipped = collected[collected["skipped_too_long"] > 0].iloc[0]
+    assert (skipped["variant"], skipped["benchmark"], skipped["temperature"]) == (
+        "main-dpace-d1", entries[1]["benchmark"], entries[1]["temperature"])
+    render_artifact("table_main", metrics=[csv], out=table)
+    first_line = table.read_text().splitlines()[0]
+    assert first_line.startswith("% WARNING: 2 request(s) past the target's context were skipped")
+    assert f"main-dpace-d1 epoch 2 {entries[1]['benchmark']} T={entries[1]['temperature']:g}: 2" in first_line
+    assert parse(table.read_text())[2] == parse(table_main(metrics))[2]  # the numbers are the table's own
 
 
 def test_table_main_marks_only_significant_average_differences(metrics):

@@ -22,6 +22,9 @@ METRIC_COLUMNS = [
     # replayed tau (eval.tau: replay): SR's decoded subset, and the exactness check's counts over it
     "tau_source", "num_requests", "num_timed_requests", "replay_compared", "replay_equal", "replay_ties",
     "replay_failures",
+    # requests whose prompt + max_new_tokens + block exceed the target's context: skipped and counted by
+    # dpace.evaluation, so tau and SR come from the others (render.py warns in the table)
+    "skipped_too_long",
 ]
 REPLAY_CHECK_COLUMNS = {"replay_compared": "requests_compared", "replay_equal": "equal", "replay_ties": "ties",
                         "replay_failures": "failures"}

@@ -24,6 +24,7 @@ from __future__ import annotations
 import argparse
 import math
 from collections.abc import Sequence
+from typing import NamedTuple
 
 import numpy as np
 import pandas as pd
@@ -159,6 +160,80 @@ def paired_bootstrap(
     return hierarchical_bootstrap([requests], [reference_requests], resamples=resamples, seed=seed, level=level)
 
 
+class _SeedDraws(NamedTuple):
+    """The training seeds each resample draws, per drafter ([resamples, seeds]; the same array when seeds are
+    paired), and the factor on each drafter's seed deviations (``_seed_widening``)."""
+
+    ours: np.ndarray
+    theirs: np.ndarray
+    ours_widen: float
+    theirs_widen: float
+
+
+def _seed_draws(ours_seeds: int, theirs_seeds: int, paired: bool, seed: int, resamples: int, tail: float) -> _SeedDraws:
+    seed_generator = np.random.default_rng([seed, 1])  # training seeds: shared by every benchmark
+    ours = seed_generator.integers(0, ours_seeds, size=(resamples, ours_seeds))
+    theirs = ours if paired else seed_generator.integers(0, theirs_seeds, size=(resamples, theirs_seeds))
+    return _SeedDraws(ours, theirs, _seed_widening(ours_seeds, tail), _seed_widening(theirs_seeds, tail))
+
+
+def _common_benchmarks(requests: Sequence[dict], reference_requests: Sequence[dict], paired_seeds: bool) -> list[str]:
+    """The benchmarks every seed of both drafters answered; drafters that cannot be compared are refused."""
+    if not requests or not reference_requests:
+        raise ValueError("each drafter needs at least one training seed")
+    if paired_seeds and len(requests) != len(reference_requests):
+        raise ValueError(f"paired seeds need as many seeds of each drafter: {len(requests)} vs {len(reference_requests)}")
+    benchmarks = set(requests[0])
+    for by_benchmark in (*requests, *reference_requests):
+        if set(by_benchmark) != benchmarks:
+            raise ValueError(f"benchmarks differ: {sorted(benchmarks)} vs {sorted(by_benchmark)}")
+    return sorted(benchmarks)
+
+
+def _prompt_draws(
+    benchmark: str, drafters: Sequence[dict], generator: np.random.Generator, resamples: int
+) -> dict[str, tuple[list[str], np.ndarray]]:
+    """Per metric, the prompts of ``benchmark`` it is measured on and their resampled indices
+    [resamples, prompts], shared by every seed of every drafter in ``drafters``."""
+    prompt_ids = sorted({str(r["id"]) for r in drafters[0][benchmark]})
+    for by_benchmark in drafters:
+        if sorted({str(r["id"]) for r in by_benchmark[benchmark]}) != prompt_ids:
+            raise ValueError(f"{benchmark}: the two drafters were evaluated on different prompts")
+    # tau comes from every prompt; SR only from the prompts whose every request was timed (replayed
+    # tau decodes a subset for real), resampled among themselves, paired too.
+    timed = sorted(set(prompt_ids).intersection(*(_timed_prompts(d[benchmark]) for d in drafters)))
+    # One index matrix for both drafters and all their seeds: that is what makes the bootstrap paired.
+    draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
+    prompts_of = {"tau": (prompt_ids, draws), "speedup": (prompt_ids, draws)}
+    if timed != prompt_ids:
+        timed_draws = generator.integers(0, max(len(timed), 1), size=(resamples, len(timed)))
+        prompts_of["speedup"] = (timed, timed_draws)
+    return prompts_of
+
+
+def _resampled_differences(
+    ours: np.ndarray, theirs: np.ndarray, metric: str, draws: np.ndarray, seeds: _SeedDraws
+) -> tuple[float, float, np.ndarray]:
+    """(ours, theirs, differences [resamples]): one metric of one benchmark, its mean over seeds per drafter
+    and the resampled difference; ``ours`` and ``theirs`` are [seeds, prompts, 4] prompt sums."""
+    ours_point, theirs_point = _statistics(ours)[metric], _statistics(theirs)[metric]  # [seeds]
+    # [seeds, resamples]
+    ours_boot, theirs_boot = _statistics(ours[:, draws])[metric], _statistics(theirs[:, draws])[metric]
+    # Resampling n prompts spreads a mean by (n-1)/n of its true variance; widen each benchmark's
+    # resamples by sqrt(n/(n-1)) around its point estimate (the unbiased variance). One prompt
+    # carries no spread at all: its benchmark, and the average over benchmarks, get no interval.
+    count = ours.shape[1]
+    widen = math.sqrt(count / (count - 1)) if count > 1 else math.nan
+    ours_mean, theirs_mean = ours_point.mean(), theirs_point.mean()
+    # Seeds drawn, every prompt kept; then each drawn seed scored on the resample's prompts.
+    ours_seeds, theirs_seeds = ours_point[seeds.ours].mean(axis=1), theirs_point[seeds.theirs].mean(axis=1)
+    ours_both = np.take_along_axis(ours_boot.T, seeds.ours, axis=1).mean(axis=1)
+    theirs_both = np.take_along_axis(theirs_boot.T, seeds.theirs, axis=1).mean(axis=1)
+    seed_part = seeds.ours_widen * (ours_seeds - ours_mean) - seeds.theirs_widen * (theirs_seeds - theirs_mean)
+    prompt_part = (ours_both - theirs_both) - (ours_seeds - theirs_seeds)
+    return ours_mean, theirs_mean, (ours_mean - theirs_mean) + seed_part + widen * prompt_part
+
+
 def hierarchical_bootstrap(
     requests: Sequence[dict[str, Sequence[dict]]],
     reference_requests: Sequence[dict[str, Sequence[dict]]],
@@ -183,70 +258,30 @@ def hierarchical_bootstrap(
     the interaction once in each part makes the interval a little conservative (``variance_components``
     gives the split without that).
     """
-    if not requests or not reference_requests:
-        raise ValueError("each drafter needs at least one training seed")
-    if paired_seeds and len(requests) != len(reference_requests):
-        raise ValueError(f"paired seeds need as many seeds of each drafter: {len(requests)} vs {len(reference_requests)}")
-    benchmarks = set(requests[0])
-    for by_benchmark in (*requests, *reference_requests):
-        if set(by_benchmark) != benchmarks:
-            raise ValueError(f"benchmarks differ: {sorted(benchmarks)} vs {sorted(by_benchmark)}")
+    benchmarks = _common_benchmarks(requests, reference_requests, paired_seeds)
     generator = np.random.default_rng(seed)  # prompts, one benchmark after another
-    seed_generator = np.random.default_rng([seed, 1])  # training seeds: shared by every benchmark
-    ours_draws = seed_generator.integers(0, len(requests), size=(resamples, len(requests)))
-    theirs_draws = ours_draws if paired_seeds else seed_generator.integers(
-        0, len(reference_requests), size=(resamples, len(reference_requests)))
     tail = (1.0 - level) / 2.0
-    ours_widen, theirs_widen = _seed_widening(len(requests), tail), _seed_widening(len(reference_requests), tail)
+    seeds = _seed_draws(len(requests), len(reference_requests), paired_seeds, seed, resamples, tail)
     seed_counts = {"num_seeds": len(requests), "reference_num_seeds": len(reference_requests),
                    "seed_pairing": "paired" if paired_seeds else "independent"}
     rows, resampled_differences, point_values = [], {m: [] for m in METRICS}, {m: [] for m in METRICS}
     tables = {m: ([], []) for m in METRICS}
-    for benchmark in sorted(benchmarks):
-        prompt_ids = sorted({str(r["id"]) for r in requests[0][benchmark]})
-        for by_benchmark in (*requests, *reference_requests):
-            if sorted({str(r["id"]) for r in by_benchmark[benchmark]}) != prompt_ids:
-                raise ValueError(f"{benchmark}: the two drafters were evaluated on different prompts")
-        # tau comes from every prompt; SR only from the prompts whose every request was timed (replayed
-        # tau decodes a subset for real), resampled among themselves, paired too.
-        timed = sorted(set(prompt_ids).intersection(
-            *(_timed_prompts(by_benchmark[benchmark]) for by_benchmark in (*requests, *reference_requests))))
-        # One index matrix for both drafters and all their seeds: that is what makes the bootstrap paired.
-        draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
-        prompts_of = {"tau": (prompt_ids, draws), "speedup": (prompt_ids, draws)}
-        if timed != prompt_ids:
-            timed_draws = generator.integers(0, max(len(timed), 1), size=(resamples, len(timed)))
-            prompts_of["speedup"] = (timed, timed_draws)
+    for benchmark in benchmarks:
+        prompts_of = _prompt_draws(benchmark, (*requests, *reference_requests), generator, resamples)
         for metric in METRICS:
             metric_prompts, metric_draws = prompts_of[metric]
             ours = np.stack([_prompt_sums(by_benchmark[benchmark], metric_prompts) for by_benchmark in requests])
             theirs = np.stack([_prompt_sums(by_benchmark[benchmark], metric_prompts)
                                for by_benchmark in reference_requests])
-            ours_point, theirs_point = _statistics(ours)[metric], _statistics(theirs)[metric]  # [seeds]
-            # [seeds, resamples]
-            ours_boot, theirs_boot = _statistics(ours[:, metric_draws])[metric], _statistics(theirs[:, metric_draws])[metric]
-            # Resampling n prompts spreads a mean by (n-1)/n of its true variance; widen each benchmark's
-            # resamples by sqrt(n/(n-1)) around its point estimate (the unbiased variance). One prompt
-            # carries no spread at all: its benchmark, and the average over benchmarks, get no interval.
-            count = len(metric_prompts)
-            widen = math.sqrt(count / (count - 1)) if count > 1 else math.nan
-            ours_mean, theirs_mean = ours_point.mean(), theirs_point.mean()
-            point_difference = ours_mean - theirs_mean
-            # Seeds drawn, every prompt kept; then each drawn seed scored on the resample's prompts.
-            ours_seeds, theirs_seeds = ours_point[ours_draws].mean(axis=1), theirs_point[theirs_draws].mean(axis=1)
-            ours_both = np.take_along_axis(ours_boot.T, ours_draws, axis=1).mean(axis=1)
-            theirs_both = np.take_along_axis(theirs_boot.T, theirs_draws, axis=1).mean(axis=1)
-            seed_part = ours_widen * (ours_seeds - ours_mean) - theirs_widen * (theirs_seeds - theirs_mean)
-            prompt_part = (ours_both - theirs_both) - (ours_seeds - theirs_seeds)
-            differences = point_difference + seed_part + widen * prompt_part
+            ours_mean, theirs_mean, differences = _resampled_differences(ours, theirs, metric, metric_draws, seeds)
             resampled_differences[metric].append(differences)
             point_values[metric].append((ours_mean, theirs_mean))
             split = (math.nan, math.nan)  # no timed prompt here: no SR, nothing to split
-            if count:
+            if metric_prompts:
                 tables[metric][0].append(_linearized(ours, metric))
                 tables[metric][1].append(_linearized(theirs, metric))
                 split = variance_components(tables[metric][0][-1:], tables[metric][1][-1:], paired_seeds=paired_seeds)
-            rows.append(_row(benchmark, metric, ours_mean, theirs_mean, differences, tail, count,
+            rows.append(_row(benchmark, metric, ours_mean, theirs_mean, differences, tail, len(metric_prompts),
                              resamples, split, seed_counts))
     for metric in METRICS:
         ours_avg, theirs_avg = np.mean(point_values[metric], axis=0)

@@ -1,8 +1,8 @@
 """Selecting rows of the tidy metrics frame: the helpers shared by ``dpace.report.tables`` and
 ``dpace.report.figures`` (required columns, final epoch, one temperature, configurations, averages over
 benchmarks, objectives in their records' row order, runs borrowed from another experiment, the ablation's
-tau trajectories, one drafter's per-block records and their rank correlations). Nothing here formats
-LaTeX (``dpace.report.latex``) or draws.
+tau trajectories, one drafter's per-block records and their rank correlations, the evaluations that skipped
+requests too long for the target). Nothing here formats LaTeX (``dpace.report.latex``) or draws.
 """
 
 from __future__ import annotations
@@ -161,6 +161,26 @@ def mean_over_seeds(metrics: pd.DataFrame) -> pd.DataFrame:
     out = out.reset_index()
     out.insert(out.columns.get_loc("method"), "variant", out["method"])
     return out[[c for c in metrics.columns if c != "training_seed"] + ["num_seeds"]]
+
+
+# One evaluation's cell in a metrics CSV (listed once per experiment that shows it).
+EVALUATION_CELL: tuple[str, ...] = ("target", "variant", "epoch", "suite", "benchmark", "temperature")
+
+
+def skipped_requests_text(metrics: pd.DataFrame) -> str:
+    """One line naming the evaluations that skipped requests past the target's context
+    (``skipped_too_long``, counted by ``dpace.evaluation``): their tau and SR come from fewer requests than
+    planned. Empty when none did, or when the metrics predate the count."""
+    if "skipped_too_long" not in metrics.columns:
+        return ""
+    counts = pd.to_numeric(metrics["skipped_too_long"], errors="coerce").fillna(0)
+    skipped = metrics[counts > 0].drop_duplicates([k for k in EVALUATION_CELL if k in metrics.columns])
+    if skipped.empty:
+        return ""
+    cells = "; ".join(f"{r.variant} epoch {r.epoch} {r.benchmark} T={float(r.temperature):g}: {int(r.skipped_too_long)}"
+                      for r in skipped.itertuples())
+    return (f"{int(skipped['skipped_too_long'].sum())} request(s) past the target's context were skipped "
+            f"(skipped_too_long); these evaluations' tau and SR come from fewer requests than planned: {cells}")
 
 
 def objective_record_of(objective: str) -> Objective:

@@ -17,7 +17,7 @@ import pandas as pd
 from dpace.experiments import ARTIFACTS, REFERENCE_EXPERIMENT, Artifact, reference_drafter
 from dpace.io import atomic_write_text
 from dpace.report import figures  # noqa: F401  (a renderer's module, as the tables below)
-from dpace.report.metrics_frame import mean_over_seeds
+from dpace.report.metrics_frame import mean_over_seeds, skipped_requests_text
 
 # The renderers' modules, which ``renderer`` finds by the registry's names: imported here so that the code
 # fingerprint of a rendering job covers them (tests/test_experiments.py checks every record's module is here).
@@ -87,11 +87,15 @@ def render_artifact(
     """Render one table (LaTeX) or figure (PDF + PNG) of the paper from the tidy CSVs."""
     if name not in ARTIFACTS:
         raise ValueError(f"unknown artifact {name!r}; valid: {', '.join(ARTIFACTS)}")
+    per_seed = read_metrics(metrics) if metrics else None
     inputs = ArtifactInputs(
-        metrics=mean_over_seeds(read_metrics(metrics)) if metrics else None,
+        metrics=mean_over_seeds(per_seed) if metrics else None,
         comparisons=read_metrics(comparisons) if comparisons else None,
         blocks=blocks, train_steps=train_steps, train_runs=train_runs,
     )
     text = _render(ARTIFACTS[name], inputs, out, out_png)
     if ARTIFACTS[name].kind == "table":
-        atomic_write_text(out, text)
+        skipped = skipped_requests_text(per_seed) if per_seed is not None else ""
+        if skipped:  # a LaTeX comment: the table still compiles, and whoever opens it reads the warning
+            print(f"WARNING: {skipped}")
+        atomic_write_text(out, (f"% WARNING: {skipped}\n" if skipped else "") + text)

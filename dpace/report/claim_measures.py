@@ -1,0 +1,388 @@
+"""How each kind of claim is measured in ``results/``: one finding per run cell, in the claim's unit.
+
+Measures (``measure.kind``): ``comparison`` (rows of ``metrics/<experiment>_comparisons.csv``),
+``contrast`` (a weighted sum of drafters' tau or SR from their per-request records), ``correlation`` and
+``correlation_gap`` (Table 8), ``step_time`` (Table 7, ``dpace.report.timing``), ``weight_shift``
+(Figure 3); each is registered in ``MEASURES`` and raises ``NotRun`` naming what is missing. Only
+comparisons carry a reference to divide by; step times are ratios already. ``measure_gradient`` measures
+how a gain moves with scale (``dpace.report.scale``).
+"""
+
+from __future__ import annotations
+
+import math
+from collections.abc import Callable, Sequence
+from pathlib import Path
+
+import numpy as np
+import pandas as pd
+from scipy import stats
+
+from dpace.io import read_json
+from dpace.paths import EVAL_SUMMARY
+from dpace.report.intervals import _prompt_sums, paired_contrast
+from dpace.report.scale import gain_slope
+from dpace.report.timing import ratio_of_means, window_means
+from dpace.report.verdicts import LEVEL, Finding, NotRun, in_unit, judged, scale_of
+
+RESAMPLES, SEED = 2000, 0
+# A comparison cell: which drafters a comparisons row pairs, and how the scorecard labels it.
+CELL_COLUMNS = ("target", "depth", "block_size", "temperature", "epoch")
+
+
+# --- reading results/ ---------------------------------------------------------------------------------------
+
+def read_csv(results: Path, name: str) -> pd.DataFrame:
+    """``results/metrics/<name>``, or ``NotRun`` when it was not built (or is empty)."""
+    path = results / "metrics" / name
+    if not path.exists() or path.stat().st_size == 0:
+        raise NotRun(f"metrics/{name} not built")
+    frame = pd.read_csv(path)
+    if frame.empty:
+        raise NotRun(f"metrics/{name} has no rows")
+    return frame
+
+
+def comparison_estimate(row: pd.Series, scale: str, reference_tau: float) -> tuple[float, float, float]:
+    """One comparisons row as (estimate, 95% low, 95% high) in ``scale``: the one place that knows its columns.
+
+    Relative estimates divide the difference and its interval by the reference's value (tau, or tau - 1); the
+    reference's own spread is in the paired interval of the difference, not in the divisor. SR rows divide
+    by DFlash's SR (``accepted`` applies to tau only)."""
+    reference = float(row["reference_value"])
+    if row.get("metric", "tau") != "tau" and scale != "absolute":
+        return tuple(float(row[c]) / reference for c in ("difference", "ci_low", "ci_high"))
+    return tuple(in_unit(float(row[c]), reference_tau if np.isfinite(reference_tau) else reference, scale)
+                 for c in ("difference", "ci_low", "ci_high"))
+
+
+def _cell_label(row: pd.Series, extra: Sequence[str] = ()) -> str:
+    """``tiny d1 B4 T0 epoch 2`` (and ``alpha 0.5`` ...): the cell's columns that ``row`` holds."""
+    formats = {"target": "{}", "depth": "d{:.0f}", "block_size": "B{:.0f}", "temperature": "T{:g}", "epoch": "epoch {:.0f}"}
+    parts = [fmt.format(row[key]) for key, fmt in formats.items() if key in row and pd.notna(row[key])]
+    parts += [f"{key} {row[key]}" for key in extra if key in row and pd.notna(row[key])]
+    return " ".join(parts)
+
+
+def _at_epoch(frame: pd.DataFrame, epoch: object) -> pd.DataFrame:
+    """Rows at ``epoch``: ``final`` (each variant's last, the default), ``every``, or a number."""
+    if epoch in (None, "final"):
+        return frame[frame["epoch"] == frame.groupby("variant")["epoch"].transform("max")]
+    if epoch == "every":
+        return frame
+    return frame[frame["epoch"] == int(epoch)]
+
+
+def _with_variant_columns(frame: pd.DataFrame, results: Path, experiment: str, where: dict) -> pd.DataFrame:
+    """``frame`` with the per-variant columns ``where`` filters on (alpha, k, normalization) from the metrics CSV."""
+    wanted = [key for key in where if key not in frame.columns]
+    if not wanted:
+        return frame
+    metrics = read_csv(results, f"{experiment}.csv")
+    info = metrics[["variant", *wanted]].drop_duplicates("variant")
+    return frame.merge(info, on="variant", how="left")
+
+
+def _filtered(frame: pd.DataFrame, where: dict) -> pd.DataFrame:
+    for key, value in where.items():
+        column = frame[key]
+        if isinstance(value, (int, float)) and not isinstance(value, bool):
+            keep = np.isclose(pd.to_numeric(column, errors="coerce").astype(float), float(value))
+        elif key == "alpha" and value == "positive":
+            keep = pd.to_numeric(column, errors="coerce") > 0
+        else:
+            keep = column.astype(str) == str(value)
+        frame = frame[keep]
+    return frame
+
+
+def _requests(results: Path, row: pd.Series, benchmarks: Sequence[str] | None) -> dict[str, list]:
+    """One evaluation's per-request records by benchmark at the row's temperature (its ``summary.json``)."""
+    path = results / EVAL_SUMMARY.format(target=row["target"], variant=row["variant"], epoch=int(row["epoch"]),
+                                         suite=row["suite"])
+    if not path.exists():
+        raise NotRun(f"{path.relative_to(results)} not built")
+    out = {}
+    for entry in read_json(path):
+        if np.isclose(float(entry["temperature"]), float(row["temperature"])) and (
+            benchmarks is None or entry["benchmark"] in benchmarks
+        ):
+            out[entry["benchmark"]] = entry["requests"]
+    return out
+
+
+def _pick(rows: pd.DataFrame, term: dict) -> pd.DataFrame:
+    """The rows of one contrast term: its filters, where ``largest``/``smallest`` pick a column's extreme."""
+    for key, value in term.items():
+        if key == "weight":
+            continue
+        if value in ("largest", "smallest"):
+            column = pd.to_numeric(rows[key])
+            rows = rows[column == (column.max() if value == "largest" else column.min())]
+        else:
+            rows = _filtered(rows, {key: value})
+    return rows
+
+
+def _main_variant(results: Path, objective: str) -> str:
+    """Table 1's shallowest ``objective`` drafter: the one Tables 7, 8 and Figure 3 show."""
+    main = read_csv(results, "main.csv")
+    rows = main[main["objective"] == objective].sort_values(["depth", "block_size"])
+    if rows.empty:
+        raise NotRun(f"no {objective} drafter in metrics/main.csv")
+    return str(rows.iloc[0]["variant"])
+
+
+def _bootstrap(samples: Sequence[np.ndarray], statistic: Callable[..., float]) -> tuple[float, float, float]:
+    """``statistic`` of independent samples, with a percentile interval resampling each one separately."""
+    generator = np.random.default_rng(SEED)
+    point = statistic(*samples)
+    if min(len(s) for s in samples) < 2:
+        return point, math.nan, math.nan
+    draws = [generator.integers(0, len(s), size=(RESAMPLES, len(s))) for s in samples]
+    values = np.array([statistic(*(s[d[r]] for s, d in zip(samples, draws, strict=True))) for r in range(RESAMPLES)])
+    tail = (1.0 - LEVEL) / 2.0
+    low, high = np.quantile(values, [tail, 1.0 - tail])
+    return point, float(low), float(high)
+
+
+def _benchmark_rows(frame: pd.DataFrame, benchmark: str) -> pd.DataFrame:
+    """``every``: each benchmark's own rows (not the average); else the rows of ``benchmark`` (``avg`` default)."""
+    if benchmark == "every":
+        return frame[frame["benchmark"] != "avg"]
+    return frame[frame["benchmark"] == benchmark]
+
+
+def _row_attrs(row: pd.Series, keys: Sequence[str]) -> dict:
+    return {k: row[k] for k in keys if k in row and pd.notna(row[k])}
+
+
+def measure_comparison(claim: dict, results: Path) -> list[Finding]:
+    m = claim["measure"]
+    frame = read_csv(results, f"{m['experiment']}_comparisons.csv")
+    where = dict(m.get("where", {}))
+    frame = _with_variant_columns(frame, results, m["experiment"], where)
+    benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
+    candidates = _filtered(_at_epoch(frame[frame["objective"] == m["objective"]], m.get("epoch")), where)
+    rows = _benchmark_rows(candidates[candidates["metric"] == metric], benchmark)
+    if rows.empty:
+        raise NotRun(f"no {m['objective']} rows in metrics/{m['experiment']}_comparisons.csv")
+    # DFlash's tau in each cell (the tau rows' reference), whatever metric the claim reads.
+    cell_of = ["reference_variant", "temperature", "epoch", "suite", "benchmark"]
+    dflash_tau = {tuple(r[cell_of]): float(r["reference_value"]) for _, r in frame[frame["metric"] == "tau"].iterrows()}
+    label_extra = list(where) + (["benchmark"] if benchmark == "every" else [])
+    out = []
+    for _, row in rows.sort_values([*CELL_COLUMNS, "benchmark", "variant"]).iterrows():
+        reference_tau = dflash_tau.get(tuple(row[cell_of]), math.nan)
+        seeds = int(row["num_seeds"]) if "num_seeds" in row and pd.notna(row["num_seeds"]) else 1
+        out.append(judged(
+            claim, _cell_label(row, label_extra), comparison_estimate(row, scale_of(claim), reference_tau),
+            (float(row["difference"]), float(row["ci_low"]), float(row["ci_high"])),
+            _row_attrs(row, (*CELL_COLUMNS, "benchmark", *where)),
+            key=("comparison", *(row[c] for c in ("target", "variant", "reference_variant", "metric", "benchmark",
+                                                   "temperature", "epoch", "suite"))),
+            reference_tau=reference_tau, seeds=seeds, note=f"n={int(row['num_prompts'])} prompts",
+            drafters=f"{row['objective']} - dflash ({row['metric']})"))
+    return out
+
+
+def _first_seed(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
+    """The rows of the lowest training seed, and how many seeds the frame holds (``train.seeds`` > 1 gives
+    each method one variant per seed). Contrasts read one drafter per method: the first seed's, and say so."""
+    if "training_seed" not in frame or frame["training_seed"].nunique() < 2:
+        return frame, 1
+    seeds = frame["training_seed"]
+    return frame[seeds == seeds.min()], int(seeds.nunique())
+
+
+def _dflash_tau(cell: pd.DataFrame) -> float:
+    """DFlash's average tau over the benchmarks of a metrics cell; NaN when the cell has no single DFlash."""
+    dflash = cell[cell["objective"] == "dflash"]
+    return float(dflash["tau"].mean()) if dflash["variant"].nunique() == 1 else math.nan
+
+
+def measure_contrast(claim: dict, results: Path) -> list[Finding]:
+    m = claim["measure"]
+    metrics = read_csv(results, f"{m['experiment']}.csv")
+    benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
+    rows = metrics if benchmark == "avg" else metrics[metrics["benchmark"] == benchmark]
+    rows, seeds = _first_seed(_filtered(_at_epoch(rows, m.get("epoch")), dict(m.get("where", {}))))
+    seed_note = f"; training seed {rows['training_seed'].iloc[0]:g} of {seeds}" if seeds > 1 else ""
+    terms = m["terms"]
+    # Cells: every cell column that no term picks itself (Table 4's terms pick their block sizes).
+    chosen = {key for term in terms for key in term if key != "weight"}
+    cell_keys = [c for c in CELL_COLUMNS if c not in chosen]
+    out = []
+    for _, cell in rows.groupby(cell_keys, sort=True):
+        picked = [_pick(cell, term) for term in terms]
+        if any(p["variant"].nunique() != 1 for p in picked):
+            continue  # this cell lacks one of the drafters (or holds several): it cannot be contrasted
+        benchmarks = None if benchmark == "avg" else [benchmark]
+        drafters = [_requests(results, p.iloc[0], benchmarks) for p in picked]
+        common = sorted(set.intersection(*(set(d) for d in drafters)))
+        weights = [float(t.get("weight", 1.0)) for t in terms]
+        result = paired_contrast([{b: d[b] for b in common} for d in drafters], weights,
+                                 metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+        label = _cell_label(cell.iloc[0][cell_keys])
+        if len(terms) > 1:  # which drafters, with the values that largest/smallest picked
+            label += "".join(f", {w:+g} x " + " ".join(
+                f"{k} {p.iloc[0][k]}" if v in ("largest", "smallest") else str(v)
+                for k, v in term.items() if k != "weight") for term, p, w in zip(terms, picked, weights, strict=True))
+        estimate = (result["value"], result["ci_low"], result["ci_high"])
+        key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
+               benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
+        out.append(judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
+                           reference_tau=_dflash_tau(cell), note=f"n={result['num_prompts']} prompts{seed_note}",
+                           drafters=f"contrast ({metric})"))
+    if not out:
+        raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")
+    return out
+
+
+def _dflash_blocks(results: Path) -> tuple[str, pd.DataFrame]:
+    """The per-block records (S~, sum q, tau_b) of Table 1's shallowest DFlash drafter on MATH-500 at T=0."""
+    variant = _main_variant(results, "dflash")
+    blocks = None
+    for name in ("main_local_blocks.csv", "main_blocks.csv"):  # SGLang evaluation: the local blocks run
+        try:
+            blocks = read_csv(results, name)
+            break
+        except NotRun:
+            continue
+    if blocks is None:
+        raise NotRun("metrics/main_blocks.csv not built")
+    rows = blocks[(blocks["variant"] == variant) & (blocks["benchmark"] == "math500")
+                  & np.isclose(blocks["temperature"].astype(float), 0.0)]
+    rows = rows[rows["epoch"] == rows["epoch"].max()].dropna(subset=["tau_block", "sum_q", "surrogate"])
+    if len(rows) < 3:
+        raise NotRun(f"{len(rows)} MATH-500 block(s) of {variant} at T=0")
+    return variant, rows
+
+
+def _block_correlation(claim: dict, results: Path, statistic: Callable[[np.ndarray], float]) -> list[Finding]:
+    """``statistic`` of the 3 x 3 Spearman matrix (S~, sum q, tau_b) over the blocks; prompts resampled
+    (a prompt's blocks stay together)."""
+    variant, rows = _dflash_blocks(results)
+    prompts = rows["prompt_index"].to_numpy()
+    columns = rows[["surrogate", "sum_q", "tau_block"]].to_numpy(float)
+    by_prompt = [np.flatnonzero(prompts == p) for p in np.unique(prompts)]
+
+    def of(indices: np.ndarray) -> float:
+        picked = columns[np.concatenate([by_prompt[i] for i in indices])]
+        with np.errstate(invalid="ignore", divide="ignore"):  # a resample of constant blocks: NaN
+            return statistic(stats.spearmanr(picked).statistic)
+
+    estimate = _bootstrap([np.arange(len(by_prompt))], of)
+    return [judged(claim, f"{variant} MATH-500 T0", estimate, estimate, {"temperature": 0.0},
+                    key=("blocks", variant, claim["measure"]["kind"]),
+                    note=f"{len(rows)} blocks, {len(by_prompt)} prompts")]
+
+
+def measure_correlation(claim: dict, results: Path) -> list[Finding]:
+    """Spearman rho(S~, tau_b) over the blocks of Table 1's shallowest DFlash drafter (Table 8, Figure 1a)."""
+    return _block_correlation(claim, results, lambda rho: float(rho[0, 2]))
+
+
+def measure_correlation_gap(claim: dict, results: Path) -> list[Finding]:
+    """rho(S~, tau_b) - rho(sum q, tau_b) over the same blocks (Table 8)."""
+    return _block_correlation(claim, results, lambda rho: float(rho[0, 2] - rho[1, 2]))
+
+
+def _train_steps(results: Path) -> pd.DataFrame:
+    return read_csv(results, "main_train_steps.csv")
+
+
+def measure_step_time(claim: dict, results: Path) -> list[Finding]:
+    """D-PACE's training time over DFlash's, minus 1, in units that respect how steps are timed
+    (``dpace.report.timing``): ``per: window`` (default) resamples contiguous windows of each run's steps,
+    ``per: epoch`` each run's epochs (an epoch's time: the sum of its step times)."""
+    m = claim["measure"]
+    steps = _train_steps(results)
+    units = []
+    for objective in ("dpace", "dflash"):
+        variant = _main_variant(results, objective)
+        rows = steps[steps["variant"] == variant].dropna(subset=["step_time_s"]).sort_values("step")
+        if rows.empty:
+            raise NotRun(f"no step times of {variant} in metrics/main_train_steps.csv")
+        if m.get("per", "window") == "epoch":
+            units.append(rows.groupby("epoch")["step_time_s"].sum().to_numpy(float))
+        else:
+            units.append(window_means(rows["step_time_s"].to_numpy(float), int(m.get("windows", 10))))
+    estimate = ratio_of_means(*units, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+    unit = "epochs" if m.get("per", "window") == "epoch" else "contiguous windows"
+    return [judged(claim, "Table 1's shallowest pair", estimate, estimate, {}, key=("timing", m.get("per", "window")),
+                    note=f"{len(units[0])} / {len(units[1])} {unit} of one run each: the interval is within these "
+                         "two runs on this machine")]
+
+
+def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:
+    """The mean weighted block position sum_j j w_j / sum_j w_j of D-PACE's logged weights: its average over
+    the last ``window`` of training minus that over the first (in steps, fraction of all)."""
+    steps = _train_steps(results)
+    variant = _main_variant(results, "dpace")
+    rows = steps[steps["variant"] == variant].sort_values("step")
+    weights = rows.filter(regex=r"^w_\d+$")
+    if rows.empty or weights.empty:
+        raise NotRun(f"no logged weights of {variant} in metrics/main_train_steps.csv")
+    w = weights.to_numpy(float)
+    positions = np.arange(w.shape[1])
+    with np.errstate(invalid="ignore", divide="ignore"):
+        centre = np.nansum(w * positions, axis=1) / np.nansum(w, axis=1)
+    count = max(1, math.ceil(float(claim["measure"].get("window", 0.1)) * len(centre)))
+    # Contiguous windows of each stretch are resampled, not steps: neighbouring steps' weights move together.
+    early, late = window_means(centre[:count], 10), window_means(centre[-count:], 10)
+    value, low, high = _bootstrap([late, early], lambda late, early: float(late.mean() - early.mean()))
+    return [judged(claim, variant, (value, low, high), (value, low, high), {}, key=("weights", variant),
+                    note=f"first and last {count} of {len(centre)} steps, {len(early)} windows each")]
+
+
+
+MEASURES: dict[str, Callable[[dict, Path], list[Finding]]] = {
+    "comparison": measure_comparison,
+    "contrast": measure_contrast,
+    "correlation": measure_correlation,
+    "correlation_gap": measure_correlation_gap,
+    "step_time": measure_step_time,
+    "weight_shift": measure_weight_shift,
+}
+
+# --- scale: gradients of a gain ------------------------------------------------------------------------------
+
+def measure_gradient(claim: dict, results: str | Path) -> list[dict]:
+    """The claim's ``gradient``: the slope of D-PACE's tau gain over DFlash across strata (``over``:
+    benchmark or epoch) against a third drafter's tau (``stratifier``), per run cell (``dpace.report.scale``).
+    Empty when the artifacts or the third drafter are missing."""
+    g, results = claim["gradient"], Path(results)
+    over = g["over"]
+    try:
+        metrics = read_csv(results, f"{g['experiment']}.csv")
+    except NotRun:
+        return []
+    rows = metrics[metrics["benchmark"] == g["benchmark"]] if over == "epoch" else _at_epoch(metrics, "final")
+    rows, _ = _first_seed(_filtered(rows, dict(g.get("where", {}))))
+    roles = {"ours": g.get("objective", "dpace"), "reference": "dflash", "stratifier": g["stratifier"]}
+    out = []
+    for _, cell in rows.groupby([c for c in CELL_COLUMNS if c != over], sort=True):
+        drafters = {role: cell[cell["objective"] == objective] for role, objective in roles.items()}
+        if any(d["variant"].nunique() != 1 for d in drafters.values()):
+            continue
+        strata = sorted(set.intersection(*(set(d[over]) for d in drafters.values())))
+        if len(strata) < 3:
+            continue
+        sums = {role: [] for role in roles}
+        try:
+            for stratum in strata:
+                requests = {role: next(iter(_requests(results, d[d[over] == stratum].iloc[0], [
+                    d[d[over] == stratum].iloc[0]["benchmark"]]).values())) for role, d in drafters.items()}
+                prompt_ids = sorted({str(r["id"]) for r in requests["ours"]})
+                for role in roles:
+                    sums[role].append(_prompt_sums(requests[role], prompt_ids))
+        except (NotRun, StopIteration):
+            continue
+        result = gain_slope(sums["ours"], sums["reference"], sums["stratifier"], resamples=RESAMPLES, seed=SEED,
+                            level=LEVEL)
+        out.append({**result, "cell": _cell_label(cell.iloc[0][[c for c in CELL_COLUMNS if c != over]]),
+                    "over": over, "stratifier": g["stratifier"], "strata_names": [str(s) for s in strata]})
+    return out
+
+

@@ -1,0 +1,221 @@
+"""The scorecard page: the claim-level count, one row per claim, each measured cell once, the gradients of
+scale, the seed spread and the claims not measurable here, as Markdown."""
+
+from __future__ import annotations
+
+from collections.abc import Sequence
+
+import numpy as np
+
+from dpace.report.verdicts import (
+    BEYOND,
+    CONTRADICTED,
+    NOT_RUN,
+    REPRODUCED,
+    VERDICTS,
+    Finding,
+    claim_verdict,
+    is_fraction,
+    paper_cell_label,
+    paper_value,
+    region_of,
+    unit_text,
+)
+
+# Table 1's spread over training seeds (three-seed study of the a2f4e57 run, docs/measurements.md).
+SEED_SPREAD = ("Table 1's seed spread, measured in the three-seed study of the a2f4e57 run "
+               "(docs/measurements.md, \"Three training seeds of Table 1\"): D-PACE - DFlash in average tau at T = 0 "
+               "was +0.043 / +0.083 / +0.037 at seeds 0 / 1 / 2 (sd of one seed's difference about 0.024; the seeds "
+               "carry 80% of its variance), Top-3 - DFlash +0.055 / +0.055 / +0.053, Accept-rate collapsed at every "
+               "seed. An interval over prompts of one seed is about +-0.02 wide; over seeds too, about +-0.05.")
+
+
+def scale_mark(claim: dict, measured: Sequence[dict]) -> str:
+    """"scale-sensitive" only where a gradient backs it; otherwise what was (not) measured, and the claim's
+    conjecture, labelled as one."""
+    conjecture = f" Conjecture (not measured): {claim['conjecture']}" if claim.get("conjecture") else ""
+    if not measured:
+        return ("no gradient measured." if "gradient" in claim else "no gradient in this run.") + conjecture
+    backed = [g for g in measured if g["ci_low"] > 0 or g["ci_high"] < 0]
+    if backed:
+        return "**scale-sensitive (measured)**: " + "; ".join(
+            f"{g['cell']}: {g['slope']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}] per unit of "
+            f"{g['stratifier']}'s tau across {g['over']}s" for g in backed) + "." + conjecture
+    return "no gradient detected across " + ", ".join(f"{g['over']}s ({g['cell']})" for g in measured) + "." + conjecture
+
+
+# --- the page -----------------------------------------------------------------------------------------------
+
+def _number(x: float, relative: bool) -> str:
+    if not np.isfinite(x):
+        return "--"
+    return f"{100 * x:+.1f}%" if relative else f"{x:+.3f}"
+
+
+def measured_text(finding: Finding) -> str:
+    if finding.verdict == NOT_RUN:
+        return "--"
+    fraction = is_fraction(finding.claim)
+    interval = f"[{_number(finding.low, fraction)}, {_number(finding.high, fraction)}]" if np.isfinite(finding.low) \
+        else "(no interval)"
+    return f"{_number(finding.value, fraction)} {interval}"
+
+
+def _raw_text(finding: Finding) -> str:
+    value, low, high = finding.raw
+    if not np.isfinite(value):
+        return "--"
+    if finding.key and finding.key[0] == "timing":
+        return measured_text(finding)
+    interval = f"[{low:+.3f}, {high:+.3f}]" if np.isfinite(low) else "(no interval)"
+    return f"{value:+.3f} {interval}"
+
+
+def _seeds_text(cells: Sequence[Finding]) -> str:
+    seeds = min((f.seeds for f in cells if f.verdict != NOT_RUN), default=0)
+    if not seeds:
+        return "--"
+    return f"covers training seeds ({seeds})" if seeds > 1 else "these drafters (one seed)"
+
+
+def _paper_cells_text(claim: dict, cells: Sequence[Finding]) -> str:
+    """The paper cells the run's cells matched, each with the paper's number in the claim's unit."""
+    matched = []
+    for f in cells:
+        if f.paper_cell and f.paper_cell not in matched:
+            matched.append(f.paper_cell)
+    if not matched:
+        return str(claim["paper_value"])
+    fraction = is_fraction(claim)
+    return "; ".join(f"{paper_cell_label(c)}: {_number(paper_value(claim, c), fraction)}"
+                     + (f" ({c['source']})" if "source" in c else "") for c in matched)
+
+
+def _row(cells: Sequence) -> str:
+    return "| " + " | ".join(str(x).replace("|", "/").replace("\n", " ") for x in cells) + " |"
+
+
+def claims_table(by_claim: dict[str, list[Finding]], verdicts: dict[str, str], grads: dict[str, list[dict]]) -> list[str]:
+    lines = ["| claim | paper, source | unit | paper's cell: number (in the unit) | run cells (beyond the paper) "
+             "| seeds | scale | verdict |", "|---|---|---|---|---|---|---|---|"]
+    for cells in by_claim.values():
+        c = cells[0].claim
+        measured = [f for f in cells if f.verdict != NOT_RUN]
+        beyond = sum(f.paper_cell is None for f in measured)
+        seeds = _seeds_text(cells)
+        word = verdicts[c["id"]]
+        shown = f"**{word}**" + (" (these drafters, one seed)" if seeds.startswith("these") and word in (
+            REPRODUCED, CONTRADICTED) else "")
+        if word == NOT_RUN:
+            shown += f": {cells[0].note}"
+        lines.append(_row([
+            f"`{c['id']}`: {c['claim']}", f"{c['paper']}, `{c['source']}`", unit_text(c),
+            _paper_cells_text(c, cells), f"{len(measured) - beyond} ({beyond})", seeds,
+            scale_mark(c, grads.get(c["id"], [])), shown]))
+    return lines
+
+
+def cells_table(found: Sequence[Finding]) -> list[str]:
+    """One row per measurement (drafters, metric, cell), however many claims read it."""
+    lines = ["| run cell | measured (absolute) [95% CI] | DFlash tau: run / paper | claims reading it: in the claim's "
+             "unit, reproduced if, cell verdict |", "|---|---|---|---|"]
+    groups: dict[tuple, list[Finding]] = {}
+    for f in found:
+        if f.verdict != NOT_RUN:
+            groups.setdefault(f.key or (f.claim["id"], f.cell), []).append(f)
+    for cells in groups.values():
+        first = cells[0]
+        papers = {f.paper_cell.get("dflash") for f in cells if f.paper_cell and "dflash" in f.paper_cell}
+        paper_tau = " or ".join(f"{x:.2f}" for x in sorted(papers)) or "--"
+        run_tau = f"{first.reference_tau:.3f}" if np.isfinite(first.reference_tau) else "--"
+        readers = "; ".join(
+            f"`{f.claim['id']}` {measured_text(f)}, {region_of(f).text(is_fraction(f.claim)) if f.paper_cell is not None else '--'}, "
+            f"**{f.verdict}**" for f in cells)
+        lines.append(_row([(f"{first.drafters}: " if first.drafters else "") + first.cell, _raw_text(first) + (f" ({first.note})" if first.note else ""),
+                           f"{run_tau} / {paper_tau}", readers]))
+    return lines
+
+
+def gradients_table(grads: dict[str, list[dict]]) -> list[str]:
+    rows = [(claim_id, g) for claim_id, measured in grads.items() for g in measured]
+    if not rows:
+        return ["No gradient could be measured (the experiments, or their third drafter, are missing)."]
+    lines = ["| claim | run cell | strata | DFlash tau per stratum | gain per stratum | slope on the third drafter's tau "
+             "[95% CI] | naive slope on DFlash's own tau [95% CI] |", "|---|---|---|---|---|---|---|"]
+    for claim_id, g in rows:
+        lines.append(_row([
+            f"`{claim_id}`", g["cell"], f"{g['over']}: {', '.join(g['strata_names'])}",
+            ", ".join(f"{x:.2f}" for x in g["reference_tau"]), ", ".join(f"{x:+.3f}" for x in g["gain"]),
+            f"{g['slope']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}] ({g['stratifier']})",
+            f"{g['naive_slope']:+.3f} [{g['naive_low']:+.3f}, {g['naive_high']:+.3f}]"]))
+    return lines
+
+
+def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads: dict | None = None,
+              unmeasurable: Sequence[dict] = (), skipped: str = "") -> str:
+    """The scorecard as Markdown: the claim-level count, one row per claim, then each measured cell once.
+    ``skipped``: the evaluations that skipped requests past the target's context, warned of under the count."""
+    grads = grads or {}
+    by_claim: dict[str, list[Finding]] = {}
+    for f in found:
+        by_claim.setdefault(f.claim["id"], []).append(f)
+    verdicts = {claim_id: claim_verdict(cells) for claim_id, cells in by_claim.items()}
+    counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS}
+    beyond_claims = sum(x == BEYOND for x in verdicts.values())
+    measured = [f for f in found if f.verdict != NOT_RUN]
+    beyond_cells = sum(f.paper_cell is None for f in measured)
+    lines = [
+        "# Findings: the paper's claims against this run",
+        "",
+        f"Run: config `{config_name}`, commit `{commit}`. Claims: `workflow/claims.yaml`.",
+        "",
+        f"**{sum(counts.values())} claims:** " + " | ".join(f"**{counts[v]}** {v}" for v in VERDICTS)
+        + (f" ({beyond_claims} more measured only beyond the paper, not counted)" if beyond_claims else "")
+        + f". {len(unmeasurable)} more claims are not measurable here.",
+        "",
+        f"Cells: {len(measured) - beyond_cells} measured in settings the paper reported, {beyond_cells} beyond the "
+        "paper (shown, not counted).",
+        "",
+        *([f"**Warning:** {skipped}", ""] if skipped else []),
+        "A claim is *reproduced* only if every cell the paper reported is (its 95% interval inside the claimed "
+        "region), *contradicted* if any such cell lies outside it after Holm's correction over the claim's cells, "
+        "else *inconclusive*. Each run cell is judged against the paper cell nearest its setting (same "
+        "temperature, epoch and alpha; nearest block size, then depth), in the unit the claim states; tau gains "
+        "in accepted draft length (tau - 1) as a fraction of DFlash's (docs/scorecard.md says why). \"These "
+        "drafters (one seed)\": the interval covers the prompts, not training seeds (see Seeds).",
+        "",
+        "## Claims",
+        "",
+        *claims_table(by_claim, verdicts, grads),
+        "",
+        "## Cells",
+        "",
+        "Each measured drafter pair once, with every claim that reads it. DFlash's tau in the run's cell against "
+        "the paper's matched cell: the run's scale against the paper's.",
+        "",
+        *cells_table(found),
+        "",
+        "## Scale",
+        "",
+        "Where the run has a gradient, the slope of D-PACE's tau gain over DFlash against the strata's tau. The "
+        "slope is taken against a third drafter's tau: against DFlash's own tau, DFlash's measurement error "
+        "enters both sides and fakes a negative slope (regression to the mean; the naive column shows it). "
+        "B = 8 against B = 12 is `t4-gain-grows-with-block-size` above.",
+        "",
+        *gradients_table(grads),
+        "",
+        "## Seeds",
+        "",
+        SEED_SPREAD,
+        "",
+        "## Not measurable here",
+        "",
+        *[f"- `{c['id']}` ({c['paper']}, `{c['source']}`): {c['claim']} -- {c['reason']}" for c in unmeasurable],
+    ]
+    return "\n".join(lines) + "\n"
+
+
+def headline(markdown: str) -> str:
+    """The claim-level count line of a scorecard page (the report's front page shows it)."""
+    return next(line for line in markdown.splitlines() if line.startswith("**") and " claims:**" in line)
+
