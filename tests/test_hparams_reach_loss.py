@@ -23,7 +23,7 @@ from transformers import Qwen3Config
 
 import dpace.training.online_model
 import dpace.training.specforge_backend
-from dpace.features import compute_features, load_features
+from dpace.features import FeatureSettings, compute_features, load_features
 from dpace.io import atomic_write_jsonl
 from dpace.training.loop import TrainConfig, train_drafter
 from dpace.training.objectives import REGISTRY, block_loss, resolve_hparams
@@ -145,8 +145,8 @@ CONVERSATIONS = [
 def features_dir(tmp_path_factory, tiny_target_json):
     folder = tmp_path_factory.mktemp("hparam-features")
     atomic_write_jsonl(folder / "conversations.jsonl", CONVERSATIONS)
-    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f", layer_ids=[1, 3],
-                     max_seq_length=256)
+    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f",
+                     FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256))
     return folder / "f"
 
 

@@ -340,11 +340,12 @@ def test_a_training_row_whose_conversations_is_a_string_is_refused_naming_it(tmp
 
 def test_a_responses_stage_that_keeps_no_prompt_fails_naming_the_setting(tmp_path, tiny_target_json):
     from dpace.io import atomic_write_jsonl
-    from dpace.responses.generation import generate_responses
+    from dpace.responses.generation import ResponseSettings, generate_responses
 
     atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Say hello."}])
     with pytest.raises(ValueError, match=r"1 of 1 prompts .* longer than responses\.max_prompt_tokens=1 tokens"):
-        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", max_prompt_tokens=1)
+        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
+                           ResponseSettings(max_prompt_tokens=1))
     assert not (tmp_path / "out.jsonl").exists()
 
 
