@@ -46,12 +46,13 @@ def test_heads_give_the_targets_logits_on_the_draft_vocabulary_and_nothing_elsew
 
 def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it():
     from dpace.training.online_model import ObjectiveDFlashModel
+    from dpace.training.specforge_run import ObjectiveSpec
     from tests.test_online_model import MASK_TOKEN, VOCAB, batch, run, tiny_modules
 
     def wrapper(draft_vocab):
         draft, lm_head, embed = tiny_modules()
         return ObjectiveDFlashModel(draft, lm_head, embed, mask_token_id=MASK_TOKEN, block_size=4, num_anchors=5,
-                                    objective="dflash", gamma=2.0, draft_vocab=draft_vocab)
+                                    objective=ObjectiveSpec("dflash", {"gamma": 2.0}), draft_vocab=draft_vocab)
 
     inputs = batch()
     whole = run(wrapper(None), inputs)

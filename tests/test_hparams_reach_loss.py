@@ -28,6 +28,7 @@ from dpace.io import atomic_write_jsonl
 from dpace.training.loop import TrainConfig, train_drafter
 from dpace.training.objectives import REGISTRY, block_loss, resolve_hparams
 from dpace.training.online_model import ObjectiveDFlashModel
+from dpace.training.specforge_run import ObjectiveSpec
 
 # B = 8 has a DFlash default gamma (4), so dflash's gamma has a default to differ from.
 BLOCK_SIZE = 8
@@ -112,7 +113,7 @@ def tiny_online_model(objective: str, **hparams) -> ObjectiveDFlashModel:
     return ObjectiveDFlashModel(
         draft_model=DFlashDraftModel(config).double(), target_lm_head=nn.Linear(hidden, vocab, bias=False).double(),
         target_embed_tokens=nn.Embedding(vocab, hidden).double(), mask_token_id=mask_token, block_size=BLOCK_SIZE,
-        attention_backend="sdpa", num_anchors=6, objective=objective, objective_chunk_blocks=2, **hparams)
+        attention_backend="sdpa", num_anchors=6, objective=ObjectiveSpec(objective, hparams), objective_chunk_blocks=2)
 
 
 @pytest.mark.parametrize("objective,name", CASES)

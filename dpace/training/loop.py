@@ -37,6 +37,7 @@ from dpace.training.drafter import (
 )
 from dpace.training.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.training.online_model import ObjectiveDFlashModel
+from dpace.training.specforge_run import ObjectiveSpec
 from dpace.training.train_config import TrainConfig, check_train_config
 from dpace.training.training_records import (
     STEPS_FILE,
@@ -336,13 +337,11 @@ def _build_model(config: TrainConfig, objective: str, hparams: dict, features: F
         target_embed_tokens=target.get_input_embeddings(),
         mask_token_id=mask_token_id,
         block_size=config.block_size,
+        objective=ObjectiveSpec(objective, dict(hparams), config.normalization),
         attention_backend=config.attention_backend,
         num_anchors=config.num_anchors,
-        objective=objective,
-        normalization=config.normalization,
         objective_chunk_blocks=config.objective_chunk_blocks,
         draft_vocab=draft_vocab,
-        **hparams,
     )
     return drafter, model, feature_scale
 

@@ -106,8 +106,7 @@ def algorithm_registration(spec: ObjectiveSpec):
 
         def factory(common):
             common = {k: v for k, v in common.items() if k != "loss_decay_gamma"}  # gamma is in hparams
-            return ObjectiveDFlashModel(**common, objective=resolved.objective, normalization=resolved.normalization,
-                                        **resolved.hparams)
+            return ObjectiveDFlashModel(**common, objective=resolved)
 
         return _build_dflash_family_model(config, draft_model, tokenizer, factory)
 
