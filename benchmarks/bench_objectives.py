@@ -41,6 +41,7 @@ from transformers import Qwen3Config
 
 from dpace.training.objectives import NEEDS_TARGET_LOGITS, OBJECTIVES, block_loss
 from dpace.training.online_model import ObjectiveDFlashModel
+from dpace.training.specforge_run import ObjectiveSpec
 
 PRESETS = {
     "paper-table7": {
@@ -140,7 +141,7 @@ def objective_models(args, draft, lm_head, embed) -> dict[str, nn.Module]:
         num_anchors=args.anchors,
     )
     models: dict[str, nn.Module] = {
-        name: ObjectiveDFlashModel(objective=name, **common) for name in ["dflash", *args.objectives] if name
+        name: ObjectiveDFlashModel(objective=ObjectiveSpec(name), **common) for name in ["dflash", *args.objectives] if name
     }
     models["specforge:dflash"] = OnlineDFlashModel(loss_type="dflash", loss_decay_gamma=4.0, **common)
     models["specforge:dpace"] = OnlineDFlashModel(loss_type="dpace", **common)

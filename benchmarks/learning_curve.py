@@ -36,6 +36,7 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
     from dpace.training.drafter import build_drafter, draft_output_head
     from dpace.training.loop import padded_micro_batches
     from dpace.training.online_model import ObjectiveDFlashModel
+    from dpace.training.specforge_run import ObjectiveSpec
 
     config = Qwen3Config.from_pretrained(str(checkpoint))
     drafter = build_drafter(config)
@@ -44,7 +45,7 @@ def heldout_scores(checkpoint: Path, target, features, *, block_size: int, num_a
         # A drafter with a draft vocabulary is scored as it decodes: tokens outside it have q = 0.
         draft_model=drafter, target_lm_head=draft_output_head(config, target.lm_head), target_embed_tokens=target.get_input_embeddings(),
         mask_token_id=config.dflash_config["mask_token_id"], block_size=block_size, num_anchors=num_anchors,
-        objective="dflash",
+        objective=ObjectiveSpec("dflash"),
     ).eval()
     torch.manual_seed(seed)  # the same anchors for every checkpoint
     sums: dict[str, list] = {}

@@ -17,7 +17,7 @@ from safetensors.torch import save_file
 from tqdm import tqdm
 
 from dpace.io import atomic_folder, atomic_write_json, load_safetensors, read_json, read_jsonl
-from dpace.schema import schema_enum
+from dpace.schema import schema_defaults, schema_enum
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
 STORE_DTYPE = torch.bfloat16
@@ -25,6 +25,7 @@ SORT_WINDOW_BATCHES = 8
 # SpecForge's DFlash recipe drops a sequence with fewer response tokens than this after truncation
 # (specforge.algorithms.model_providers.dflash_min_loss_tokens).
 MIN_LOSS_TOKENS = 2
+DEFAULTS = schema_defaults("features")
 
 
 def default_target_layer_ids(num_target_layers: int, num_features: int) -> list[int]:
@@ -168,32 +169,42 @@ def answer_feature_rms(features: FeatureSet, rows_per_chunk: int = 16384) -> tor
     return (squares / int(answer.sum())).sqrt().clamp_min(1e-6).float()
 
 
+@dataclass(frozen=True, kw_only=True)
+class FeatureSettings:
+    """How one (target, dataset)'s features are computed: the config's ``features`` section, each field named
+    as the schema (workflow/schemas/config.schema.yaml) names its key, and resolved per target by the workflow
+    (a target's own ``target_layer_ids`` first)."""
+
+    target_layer_ids: list[int] | None  # None: num_target_features layers spread as SpecForge's (default_target_layer_ids)
+    max_seq_length: int
+    num_target_features: int = 3
+    mode: str = "cached"  # "online": only tokens are stored, the trainer runs the target every step
+    batch_size: int = 8
+    # the target's precision in this forward pass (bfloat16 is SpecForge's, and ~2x faster on CPUs with AMX;
+    # ``auto`` takes it where it is native, see ``targets.resolve_dtype``); features are stored in bf16 either
+    # way, and the index records the precision they were captured in.
+    dtype: str = DEFAULTS["dtype"]
+
+
 def compute_features(
     target_json: str | Path,
     conversations_path: str | Path,
     out_dir: str | Path,
+    settings: FeatureSettings,
     *,
-    layer_ids: list[int] | None,
-    max_seq_length: int,
-    num_target_features: int = 3,
-    with_last_hidden: bool = True,
-    mode: str = "cached",
-    batch_size: int = 8,
-    shard_tokens: int = 2_000_000,
     device: str = "cpu",
-    dtype: str = "float32",
+    with_last_hidden: bool = True,
+    shard_tokens: int = 2_000_000,
 ) -> dict:
-    """Write ``out_dir/index.json`` and shards; returns counts. ``mode="online"`` stores only tokens.
-
-    ``dtype``: the target's precision in this forward pass (bfloat16 is SpecForge's, and ~2x faster on
-    CPUs with AMX; ``auto`` takes it where it is native, see ``targets.resolve_dtype``); features are
-    stored in bf16 either way, and the index records the precision they were captured in.
-    """
+    """Write ``out_dir/index.json`` and shards; returns counts. ``mode="online"`` stores only tokens."""
+    mode, max_seq_length = settings.mode, settings.max_seq_length
     if mode not in schema_enum("features", "mode"):
         raise ValueError(f"features.mode {mode!r}; valid: {', '.join(schema_enum('features', 'mode'))}")
-    target, tokenizer = load_target(target_json, device=device, dtype=getattr(torch, resolve_dtype(dtype, device)))
+    target, tokenizer = load_target(target_json, device=device,
+                                    dtype=getattr(torch, resolve_dtype(settings.dtype, device)))
+    layer_ids = settings.target_layer_ids
     if layer_ids is None:
-        layer_ids = default_target_layer_ids(target.config.num_hidden_layers, num_target_features)
+        layer_ids = default_target_layer_ids(target.config.num_hidden_layers, settings.num_target_features)
     bad = [i for i in layer_ids if not 0 <= i < target.config.num_hidden_layers]
     if bad:
         raise ValueError(f"target_layer_ids {bad} are outside the target's {target.config.num_hidden_layers} layers")
@@ -218,7 +229,7 @@ def compute_features(
 
     with atomic_folder(out_dir) as tmp_dir:  # shards and index appear together, or not at all
         return _write_shards(target, sequences, tmp_dir, mode=mode, layer_ids=layer_ids,
-                             with_last_hidden=with_last_hidden, batch_size=batch_size,
+                             with_last_hidden=with_last_hidden, batch_size=settings.batch_size,
                              shard_tokens=shard_tokens, device=device,
                              counts={"truncated": truncated, "skipped_too_few_loss_tokens": too_few_loss_tokens})
 

@@ -46,12 +46,13 @@ def test_heads_give_the_targets_logits_on_the_draft_vocabulary_and_nothing_elsew
 
 def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it():
     from dpace.training.online_model import ObjectiveDFlashModel
+    from dpace.training.specforge_run import ObjectiveSpec
     from tests.test_online_model import MASK_TOKEN, VOCAB, batch, run, tiny_modules
 
     def wrapper(draft_vocab):
         draft, lm_head, embed = tiny_modules()
         return ObjectiveDFlashModel(draft, lm_head, embed, mask_token_id=MASK_TOKEN, block_size=4, num_anchors=5,
-                                    objective="dflash", gamma=2.0, draft_vocab=draft_vocab)
+                                    objective=ObjectiveSpec("dflash", {"gamma": 2.0}), draft_vocab=draft_vocab)
 
     inputs = batch()
     whole = run(wrapper(None), inputs)
@@ -88,15 +89,15 @@ def test_objective_scores_the_draft_vocabulary_and_leaves_out_tokens_outside_it(
 
 
 def test_trained_checkpoint_carries_its_draft_vocabulary(tmp_path, tiny_target_json):
-    from dpace.features import compute_features, load_features
+    from dpace.features import FeatureSettings, compute_features, load_features
     from dpace.io import atomic_write_jsonl
     from dpace.training.drafter import draft_vocab_of, load_drafter
     from dpace.training.loop import train_drafter
     from tests.test_training import CONVERSATIONS, small_config
 
     atomic_write_jsonl(tmp_path / "conversations.jsonl", CONVERSATIONS)
-    compute_features(tiny_target_json, tmp_path / "conversations.jsonl", tmp_path / "features", layer_ids=[1, 3],
-                     max_seq_length=256)
+    compute_features(tiny_target_json, tmp_path / "conversations.jsonl", tmp_path / "features",
+                     FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256))
     features = load_features(tmp_path / "features")
     responses = features.input_ids[features.loss_mask > 0]
     summary = train_drafter(small_config(draft_vocab_size=6, epochs=1), target_json=tiny_target_json,

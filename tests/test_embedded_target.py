@@ -72,7 +72,7 @@ def test_batched_greedy_answers_do_not_change_with_grouped_kv_attention(embedded
     """``load_target``'s CPU attention (``dpace.targets.grouped_kv_sdpa``) is a speed-up only: SmolLM2's
     greedy answers to a left-padded batch, in the pipeline's precision, are those of transformers' SDPA."""
     import dpace.responses.generation
-    from dpace.responses.generation import generate_responses
+    from dpace.responses.generation import ResponseSettings, generate_responses
 
     prompts = tmp_path / "prompts.jsonl"
     prompts.write_text("".join(
@@ -80,8 +80,8 @@ def test_batched_greedy_answers_do_not_change_with_grouped_kv_attention(embedded
 
     def answers(name):
         out = tmp_path / f"{name}.jsonl"
-        generate_responses(embedded_target_json, prompts, out, max_new_tokens=24,
-                           batch_size=len(PADDED_BATCH_PROMPTS), dtype="auto")
+        generate_responses(embedded_target_json, prompts, out, ResponseSettings(max_new_tokens=24, batch_size=len(PADDED_BATCH_PROMPTS),
+                                                                      dtype="auto"))
         return out.read_text()
 
     grouped = answers("grouped")

@@ -25,7 +25,7 @@ import pytest
 import torch
 import yaml
 
-from dpace.features import compute_features
+from dpace.features import FeatureSettings, compute_features
 from dpace.io import atomic_write_jsonl, read_jsonl
 
 REPO = Path(__file__).resolve().parents[1]
@@ -44,8 +44,8 @@ CONVERSATIONS = [
 def features_dir(tmp_path_factory, tiny_target_json):
     folder = tmp_path_factory.mktemp("gpu-features")
     atomic_write_jsonl(folder / "conversations.jsonl", CONVERSATIONS)
-    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f", layer_ids=[1, 3],
-                     max_seq_length=256)
+    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f",
+                     FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256))
     return folder / "f"
 
 
@@ -368,7 +368,7 @@ class _FakeEngine:
 
 
 def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_target_json, gpu_env, monkeypatch):
-    from dpace.responses.generation import generate_responses
+    from dpace.responses.generation import ResponseSettings, generate_responses
 
     fake = type(sys)("sglang")
     fake.Engine = _FakeEngine
@@ -377,8 +377,8 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
     prompts = [{"id": f"p{i}", "prompt": f"Tell me about {i}."} for i in range(5)]
     atomic_write_jsonl(tmp_path / "prompts.jsonl", prompts)
     scratch = tmp_path / "partial.jsonl"
-    settings = dict(backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5, dtype="bfloat16",
-                    scratch_path=scratch)
+    settings = ResponseSettings(backend="sglang", max_new_tokens=7, temperature=1.0, batch_size=3, seed=5,
+                                dtype="bfloat16")
     import dpace.responses.generation as generation
 
     class Killed(generation.JsonlAppender):  # the job dies after its first answer is written
@@ -389,12 +389,14 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
 
     with monkeypatch.context() as patch, pytest.raises(KeyboardInterrupt):
         patch.setattr(generation, "JsonlAppender", Killed)
-        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", **settings)
+        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", settings,
+                           scratch_path=scratch)
     (resumed,) = read_jsonl(scratch)
     resumed["conversations"][1]["content"] = "earlier"  # marked, to see it kept
     scratch.write_text(json.dumps(resumed) + "\n")
     _FakeEngine.calls = []
-    counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", **settings)
+    counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", settings,
+                                scratch_path=scratch)
     assert counts == {"prompts": 5, "resumed": 1, "generated": 4, "skipped_too_long": 0, "dtype": "bfloat16"}
     rows = list(read_jsonl(tmp_path / "out.jsonl"))
     assert [r["id"] for r in rows] == [p["id"] for p in prompts]  # the prompts' order
@@ -415,22 +417,23 @@ def test_sglang_generation_is_batched_resumable_and_same_format(tmp_path, tiny_t
 @pytest.mark.skipif(importlib.util.find_spec("sglang") is None or not torch.cuda.is_available(),
                     reason="needs SGLang and a CUDA GPU")
 def test_real_sglang_engine_generates(tmp_path, tiny_target_json, monkeypatch):
-    from dpace.responses.generation import generate_responses
+    from dpace.responses.generation import ResponseSettings, generate_responses
 
     monkeypatch.setenv("DPACE_LOCK_DIR", str(tmp_path / "locks"))
     atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Hello"}])
     counts = generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
-                                backend="sglang", max_new_tokens=4, batch_size=1)
+                                ResponseSettings(backend="sglang", max_new_tokens=4, batch_size=1))
     assert counts["generated"] == 1
 
 
 def test_sglang_generation_without_sglang_says_how_to_install(tmp_path, tiny_target_json, monkeypatch):
-    from dpace.responses.generation import generate_responses
+    from dpace.responses.generation import ResponseSettings, generate_responses
 
     monkeypatch.setitem(sys.modules, "sglang", None)  # import sglang -> ImportError
     atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Hello"}])
     with pytest.raises(RuntimeError, match=r"pip install -e \.\[gpu\]"):
-        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", backend="sglang")
+        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
+                           ResponseSettings(backend="sglang"))
 
 
 # ---------------------------------------------------------------------------------------------

@@ -23,11 +23,12 @@ from transformers import Qwen3Config
 
 import dpace.training.online_model
 import dpace.training.specforge_backend
-from dpace.features import compute_features, load_features
+from dpace.features import FeatureSettings, compute_features, load_features
 from dpace.io import atomic_write_jsonl
 from dpace.training.loop import TrainConfig, train_drafter
 from dpace.training.objectives import REGISTRY, block_loss, resolve_hparams
 from dpace.training.online_model import ObjectiveDFlashModel
+from dpace.training.specforge_run import ObjectiveSpec
 
 # B = 8 has a DFlash default gamma (4), so dflash's gamma has a default to differ from.
 BLOCK_SIZE = 8
@@ -112,7 +113,7 @@ def tiny_online_model(objective: str, **hparams) -> ObjectiveDFlashModel:
     return ObjectiveDFlashModel(
         draft_model=DFlashDraftModel(config).double(), target_lm_head=nn.Linear(hidden, vocab, bias=False).double(),
         target_embed_tokens=nn.Embedding(vocab, hidden).double(), mask_token_id=mask_token, block_size=BLOCK_SIZE,
-        attention_backend="sdpa", num_anchors=6, objective=objective, objective_chunk_blocks=2, **hparams)
+        attention_backend="sdpa", num_anchors=6, objective=ObjectiveSpec(objective, hparams), objective_chunk_blocks=2)
 
 
 @pytest.mark.parametrize("objective,name", CASES)
@@ -145,8 +146,8 @@ CONVERSATIONS = [
 def features_dir(tmp_path_factory, tiny_target_json):
     folder = tmp_path_factory.mktemp("hparam-features")
     atomic_write_jsonl(folder / "conversations.jsonl", CONVERSATIONS)
-    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f", layer_ids=[1, 3],
-                     max_seq_length=256)
+    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f",
+                     FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256))
     return folder / "f"
 
 

@@ -147,8 +147,9 @@ def test_features_that_fail_at_the_second_shard_leave_no_folder(tmp_path, tiny_t
 
     monkeypatch.setattr(features, "save_file", save_file)
     with pytest.raises(Interrupted):
-        features.compute_features(tiny_target_json, tmp_path / "c.jsonl", tmp_path / "features", layer_ids=[1],
-                                  max_seq_length=256, batch_size=1, shard_tokens=1)
+        features.compute_features(tiny_target_json, tmp_path / "c.jsonl", tmp_path / "features",
+                                  features.FeatureSettings(target_layer_ids=[1], max_seq_length=256, batch_size=1),
+                                  shard_tokens=1)
     assert len(written) == 1  # one shard had been written when the writer died
     assert sorted(p.name for p in tmp_path.iterdir()) == ["c.jsonl"]
 

@@ -21,6 +21,7 @@ from transformers import Qwen3Config
 
 from dpace.training.objectives import OBJECTIVES
 from dpace.training.online_model import ObjectiveDFlashModel
+from dpace.training.specforge_run import ObjectiveSpec
 
 DTYPE = torch.float64
 HIDDEN, VOCAB, MASK_TOKEN, BLOCK_SIZE = 32, 97, 96, 4
@@ -102,7 +103,7 @@ def test_parity_with_specforge(objective, loss_type, hparams):
         num_anchors=6,  # fewer than the supervised positions: sampling matters
         objective_chunk_blocks=2,
     )
-    ours = ObjectiveDFlashModel(objective=objective, **common, **hparams)
+    ours = ObjectiveDFlashModel(objective=ObjectiveSpec(objective, hparams), **common)
     theirs = OnlineDFlashModel(
         loss_type=loss_type, loss_decay_gamma=hparams.get("gamma"), dpace_alpha=0.5, **common
     )
@@ -113,7 +114,7 @@ def test_parity_with_specforge(objective, loss_type, hparams):
     assert abs(float(run(ours, inputs, seed=6)[0]) - float(ours_result[0])) > 1e-6
     # SpecForge's spelling selects the same objective.
     if loss_type != objective:
-        assert_same(run(ObjectiveDFlashModel(objective=loss_type, **common), inputs), ours_result, tol=0)
+        assert_same(run(ObjectiveDFlashModel(objective=ObjectiveSpec(loss_type), **common), inputs), ours_result, tol=0)
 
 
 def one_hot_target_states(lm_head, input_ids, scale=1e4):
@@ -141,14 +142,14 @@ def test_target_logits_are_aligned_with_labels():
     common = dict(draft_model=draft, target_lm_head=lm_head, target_embed_tokens=embed)
     common.update(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8)
     dpakl = run(
-        ObjectiveDFlashModel(objective="dpakl", **common), inputs, target_last_hidden_states=target_states
+        ObjectiveDFlashModel(objective=ObjectiveSpec("dpakl"), **common), inputs, target_last_hidden_states=target_states
     )
-    dpace = run(ObjectiveDFlashModel(objective="dpace", **common), inputs)
+    dpace = run(ObjectiveDFlashModel(objective=ObjectiveSpec("dpace"), **common), inputs)
     assert_same(dpakl, dpace, tol=1e-10)
     # Off by one position, the same states are not one-hot on the labels any more.
     shifted = torch.roll(target_states, shifts=1, dims=1)
     misaligned = run(
-        ObjectiveDFlashModel(objective="dpakl", **common), inputs, target_last_hidden_states=shifted
+        ObjectiveDFlashModel(objective=ObjectiveSpec("dpakl"), **common), inputs, target_last_hidden_states=shifted
     )
     assert abs(float(misaligned[0]) - float(dpace[0])) > 1e-3
 
@@ -160,7 +161,7 @@ def test_every_objective_trains_in_the_wrapper(objective):
     target_states = torch.randn(BATCH, SEQ_LEN, HIDDEN, dtype=DTYPE)
     hparams = {"gamma": 2.0} if objective == "dflash" else {}  # B=4 has no default gamma
     model = ObjectiveDFlashModel(
-        draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=8, objective=objective, **hparams
+        draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=8, objective=ObjectiveSpec(objective, hparams)
     )
     loss, accuracy, metrics, grads = run(model, inputs, target_last_hidden_states=target_states)
     assert torch.isfinite(loss) and all(torch.isfinite(g).all() for g in grads)
@@ -179,7 +180,7 @@ def test_every_objective_trains_in_the_wrapper(objective):
 def test_chunking_does_not_change_the_result():
     draft, lm_head, embed = tiny_modules()
     inputs = batch()
-    common = dict(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8, objective="dpace")
+    common = dict(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8, objective=ObjectiveSpec("dpace"))
     whole = ObjectiveDFlashModel(draft, lm_head, embed, objective_chunk_blocks=0, **common)
     chunked = ObjectiveDFlashModel(draft, lm_head, embed, objective_chunk_blocks=3, **common)
     assert_same(run(whole, inputs), run(chunked, inputs), tol=1e-10)
@@ -214,7 +215,7 @@ def test_dropping_the_context_a_sliding_window_never_sees_changes_no_loss_or_gra
 
     def result(drafter, feature_set):
         model = ObjectiveDFlashModel(drafter, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=4 * answer,
-                                     objective="dpace")
+                                     objective=ObjectiveSpec("dpace"))
         (micro_batch,) = padded_micro_batches(feature_set, [0, 1], micro_batch_size=2)
         return run(model, (micro_batch["input_ids"], micro_batch["hidden"].to(DTYPE), micro_batch["loss_mask"]))
 
@@ -229,14 +230,14 @@ def test_bad_configuration_raises():
     draft, lm_head, embed = tiny_modules()
     args = (draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE)
     with pytest.raises(ValueError, match=r"unknown objective 'dpace2'.*valid objectives"):
-        ObjectiveDFlashModel(*args, objective="dpace2")
+        ObjectiveDFlashModel(*args, objective=ObjectiveSpec("dpace2"))
     with pytest.raises(ValueError, match=r"alpha must be a number in \[0, 1\]"):
-        ObjectiveDFlashModel(*args, objective="dpace", alpha=2.0)
+        ObjectiveDFlashModel(*args, objective=ObjectiveSpec("dpace", {"alpha": 2.0}))
     with pytest.raises(ValueError, match=r"no default gamma for block size B=4"):
-        ObjectiveDFlashModel(*args, objective="dflash")
+        ObjectiveDFlashModel(*args, objective=ObjectiveSpec("dflash"))
     with pytest.raises(ValueError, match=r"unknown normalization='sum'"):
-        ObjectiveDFlashModel(*args, objective="dpace", normalization="sum")
-    model = ObjectiveDFlashModel(*args, objective="pard2-cat")
+        ObjectiveDFlashModel(*args, objective=ObjectiveSpec("dpace", normalization="sum"))
+    model = ObjectiveDFlashModel(*args, objective=ObjectiveSpec("pard2-cat"))
     with pytest.raises(ValueError, match=r"objective 'pard2-cat' needs target_last_hidden_states"):
         model(*batch())
 
@@ -247,7 +248,7 @@ def test_dpace_training_lowers_the_loss():
     embed.requires_grad_(False)
     inputs = batch()
     model = ObjectiveDFlashModel(
-        draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=64, objective="dpace"
+        draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=64, objective=ObjectiveSpec("dpace")
     )
     optimizer = torch.optim.Adam(draft.parameters(), lr=3e-2)
     losses, surrogates = [], []
@@ -287,7 +288,7 @@ def compare_flex_attention_with_sdpa() -> None:
     draft, lm_head, embed = (module.float() for module in tiny_modules())  # CPU flex: no float64
     input_ids, hidden_states, loss_mask = batch()
     inputs = (input_ids, hidden_states.float(), loss_mask)
-    common = dict(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8, objective="dpace")
+    common = dict(mask_token_id=MASK_TOKEN, block_size=BLOCK_SIZE, num_anchors=8, objective=ObjectiveSpec("dpace"))
     losses = {}
     for backend in ("sdpa", "flex_attention"):
         draft.config._attn_implementation = backend
@@ -314,8 +315,8 @@ def test_drafters_train_on_grouped_kv_attention_with_the_losses_and_gradients_of
     results = {}
     for implementation in ("sdpa", GROUPED_KV_SDPA):
         draft.config._attn_implementation = implementation
-        model = ObjectiveDFlashModel(draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=8, objective="dflash",
-                                     gamma=2.0)
+        model = ObjectiveDFlashModel(draft, lm_head, embed, MASK_TOKEN, BLOCK_SIZE, num_anchors=8,
+                                     objective=ObjectiveSpec("dflash", {"gamma": 2.0}))
         results[implementation] = run(model, batch())
     assert_same(results["sdpa"], results[GROUPED_KV_SDPA], tol=1e-10)
     assert float(results["sdpa"][0]) > 0 and any(grad.abs().sum() > 0 for grad in results["sdpa"][3])

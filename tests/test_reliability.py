@@ -7,6 +7,7 @@ hole on the old code (docs/guarantees.md lists them with what they guard).
 from __future__ import annotations
 
 import os
+import re
 import runpy
 import subprocess
 import sys
@@ -312,6 +313,20 @@ def test_a_benchmark_prompt_that_is_not_a_list_of_turns_is_refused_naming_the_ro
         benchmark_prompts("mt_bench", 2, seed=0, mirror=str(tmp_path))
 
 
+def test_an_evaluation_refuses_a_benchmark_file_with_an_empty_turn_naming_file_and_row(tmp_path):
+    """The benchmark files an evaluation reads (``dpace.evaluation``'s ``load_benchmark``) are checked as the data
+    stage checks its rows (``dpace.data.check_turns``): an empty turn would be decoded from the chat template alone."""
+    import json
+
+    from dpace.evaluation.eval_records import load_benchmark
+
+    path = tmp_path / "gsm8k.jsonl"
+    path.write_text(json.dumps({"id": "a", "benchmark": "gsm8k", "turns": ["fine"]}) + "\n"
+                    + json.dumps({"id": "b", "benchmark": "gsm8k", "turns": ["Hello", ""]}) + "\n")
+    with pytest.raises(ValueError, match=rf"{re.escape(str(path))}:2: turn\(s\) \[1\] empty or not strings"):
+        load_benchmark(path, "gsm8k")
+
+
 def test_a_training_row_whose_conversations_is_a_string_is_refused_naming_it(tmp_path):
     import json
 
@@ -325,11 +340,12 @@ def test_a_training_row_whose_conversations_is_a_string_is_refused_naming_it(tmp
 
 def test_a_responses_stage_that_keeps_no_prompt_fails_naming_the_setting(tmp_path, tiny_target_json):
     from dpace.io import atomic_write_jsonl
-    from dpace.responses.generation import generate_responses
+    from dpace.responses.generation import ResponseSettings, generate_responses
 
     atomic_write_jsonl(tmp_path / "prompts.jsonl", [{"id": "a", "prompt": "Say hello."}])
     with pytest.raises(ValueError, match=r"1 of 1 prompts .* longer than responses\.max_prompt_tokens=1 tokens"):
-        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl", max_prompt_tokens=1)
+        generate_responses(tiny_target_json, tmp_path / "prompts.jsonl", tmp_path / "out.jsonl",
+                           ResponseSettings(max_prompt_tokens=1))
     assert not (tmp_path / "out.jsonl").exists()
 
 

@@ -5,9 +5,9 @@ import json
 import pytest
 import torch
 
-from dpace.features import compute_features, load_features, tokenize_conversation
+from dpace.features import FeatureSettings, compute_features, load_features, tokenize_conversation
 from dpace.io import atomic_write_jsonl, read_jsonl
-from dpace.responses.generation import generate_responses
+from dpace.responses.generation import ResponseSettings, generate_responses
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
 PROMPTS = [
@@ -29,7 +29,7 @@ def test_batched_generation_equals_one_at_a_time(tmp_path, tiny_target_json):
     prompts = tmp_path / "prompts.jsonl"
     atomic_write_jsonl(prompts, PROMPTS)
     out = tmp_path / "responses.jsonl"
-    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=12, batch_size=3)
+    counts = generate_responses(tiny_target_json, prompts, out, ResponseSettings(max_new_tokens=12, batch_size=3))
     assert counts == {"prompts": 3, "resumed": 0, "generated": 3, "skipped_too_long": 0, "dtype": "float32"}
     rows = list(read_jsonl(out))
     assert [r["id"] for r in rows] == ["p0", "p1", "p2"]  # the prompts' order, whatever the batching
@@ -73,8 +73,8 @@ def _interrupted_generation(tmp_path, target_json, monkeypatch, **settings):
     with monkeypatch.context() as patch:
         patch.setattr(generation, "JsonlAppender", Killed)
         with pytest.raises(KeyboardInterrupt):
-            generate_responses(target_json, prompts, tmp_path / "responses.jsonl", batch_size=1,
-                               scratch_path=scratch, **settings)
+            generate_responses(target_json, prompts, tmp_path / "responses.jsonl", ResponseSettings(batch_size=1, **settings),
+                               scratch_path=scratch)
     assert [row["id"] for row in read_jsonl(scratch)] == [PROMPTS[1]["id"]]
     return prompts, scratch
 
@@ -86,7 +86,7 @@ def test_generation_resumes_from_scratch_file(tmp_path, tiny_target_json, monkey
     # The finished record (marked, to see it kept), then a torn line from a killed writer.
     scratch.write_text(json.dumps(finished) + "\n" + '{"id": "p2", "conv')
     out = tmp_path / "responses.jsonl"
-    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=4, scratch_path=scratch)
+    counts = generate_responses(tiny_target_json, prompts, out, ResponseSettings(max_new_tokens=4), scratch_path=scratch)
     assert counts["resumed"] == 1 and counts["generated"] == 2
     rows = {r["id"]: r for r in read_jsonl(out)}
     assert rows["p1"] == finished
@@ -105,7 +105,7 @@ def test_an_answer_to_a_reworded_prompt_is_not_reused(tmp_path, tiny_target_json
     scratch.write_text(json.dumps(kept) + "\n" + json.dumps(stale) + "\n")
     reworded = [dict(row, prompt="Name three rivers.") if row["id"] == "p1" else row for row in PROMPTS]
     atomic_write_jsonl(prompts, reworded)
-    counts = generate_responses(tiny_target_json, prompts, tmp_path / "responses.jsonl", max_new_tokens=4,
+    counts = generate_responses(tiny_target_json, prompts, tmp_path / "responses.jsonl", ResponseSettings(max_new_tokens=4),
                                 scratch_path=scratch)
     assert counts["resumed"] == 1 and counts["generated"] == 2
     rows = {r["id"]: r for r in read_jsonl(tmp_path / "responses.jsonl")}
@@ -119,10 +119,10 @@ def test_generation_of_other_settings_starts_over(tmp_path, tiny_target_json, mo
     prompts, scratch = _interrupted_generation(tmp_path, tiny_target_json, monkeypatch, max_new_tokens=4)
     (scratch_row,) = read_jsonl(scratch)
     out = tmp_path / "responses.jsonl"
-    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=6, scratch_path=scratch)
+    counts = generate_responses(tiny_target_json, prompts, out, ResponseSettings(max_new_tokens=6), scratch_path=scratch)
     assert counts["resumed"] == 0 and counts["generated"] == 3
     fresh = tmp_path / "fresh.jsonl"
-    generate_responses(tiny_target_json, prompts, fresh, max_new_tokens=6)
+    generate_responses(tiny_target_json, prompts, fresh, ResponseSettings(max_new_tokens=6))
     assert list(read_jsonl(out)) == list(read_jsonl(fresh))
     assert scratch_row != next(r for r in read_jsonl(out) if r["id"] == scratch_row["id"])
 
@@ -131,7 +131,7 @@ def test_too_long_prompts_are_skipped_and_counted(tmp_path, tiny_target_json):
     prompts = tmp_path / "prompts.jsonl"
     atomic_write_jsonl(prompts, PROMPTS)
     out = tmp_path / "responses.jsonl"
-    counts = generate_responses(tiny_target_json, prompts, out, max_new_tokens=2, max_prompt_tokens=36)
+    counts = generate_responses(tiny_target_json, prompts, out, ResponseSettings(max_new_tokens=2, max_prompt_tokens=36))
     assert counts["skipped_too_long"] >= 1
     assert len(list(read_jsonl(out))) == 3 - counts["skipped_too_long"]
 
@@ -144,7 +144,8 @@ def test_features_mask_the_assistant_tokens_and_match_a_direct_forward(tmp_path,
     ]
     path = tmp_path / "conv.jsonl"
     atomic_write_jsonl(path, conversations)
-    index = compute_features(tiny_target_json, path, tmp_path / "features", layer_ids=[1, 3], max_seq_length=256, batch_size=2)
+    index = compute_features(tiny_target_json, path, tmp_path / "features",
+                             FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256, batch_size=2))
     assert index["num_sequences"] == 2 and index["layer_ids"] == [1, 3]
     features = load_features(tmp_path / "features")
     for i, conversation in enumerate(conversations):
@@ -180,8 +181,9 @@ def test_features_batched_by_length_keep_the_conversations_order(tmp_path, tiny_
     monkeypatch.setattr(features_module, "load_target", lambda *a, **k: loaded.append(k["dtype"]) or original_load(*a, **k))
     monkeypatch.setattr(features_module, "target_hidden_states",
                         lambda target, ids, *a: widths.append(ids.shape[1]) or original_forward(target, ids, *a))
-    compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1, 3], max_seq_length=256, batch_size=2,
-                     shard_tokens=40, dtype=dtype)
+    compute_features(tiny_target_json, path, tmp_path / "f",
+                     FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256, batch_size=2, dtype=dtype),
+                     shard_tokens=40)
     assert loaded == [getattr(torch, dtype)]
     lengths = [len(tokenize_conversation(tokenizer, c, tokenizer.eos_token_id)[0]) for c in conversations]
     assert widths == [max(pair) for pair in zip(*[iter(sorted(lengths) + [0])] * 2, strict=True)]
@@ -204,7 +206,8 @@ def test_long_conversations_are_truncated_and_counted_not_dropped(tmp_path, tiny
     no_room = {"id": "p", "conversations": [{"role": "user", "content": "word " * 400}, {"role": "assistant", "content": "ok"}]}
     path = tmp_path / "conv.jsonl"
     atomic_write_jsonl(path, [short, long, no_room])
-    index = compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1], max_seq_length=64, mode="online")
+    index = compute_features(tiny_target_json, path, tmp_path / "f",
+                             FeatureSettings(target_layer_ids=[1], max_seq_length=64, mode="online"))
     assert index["num_sequences"] == 2 and index["truncated"] == 2 and index["skipped_too_few_loss_tokens"] == 1
     features = load_features(tmp_path / "f")
     full_ids, full_mask = tokenize_conversation(tokenizer, long, tokenizer.eos_token_id)
@@ -216,7 +219,8 @@ def test_long_conversations_are_truncated_and_counted_not_dropped(tmp_path, tiny
 def test_online_features_store_tokens_only(tmp_path, tiny_target_json):
     path = tmp_path / "conv.jsonl"
     atomic_write_jsonl(path, [{"id": "a", "conversations": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}])
-    compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1], max_seq_length=256, mode="online")
+    compute_features(tiny_target_json, path, tmp_path / "f",
+                     FeatureSettings(target_layer_ids=[1], max_seq_length=256, mode="online"))
     features = load_features(tmp_path / "f")
     assert features.hidden is None and features.last_hidden is None and len(features) == 1
 
@@ -225,7 +229,7 @@ def test_features_reject_layers_outside_the_target(tmp_path, tiny_target_json):
     path = tmp_path / "conv.jsonl"
     atomic_write_jsonl(path, [{"id": "a", "conversations": [{"role": "user", "content": "x"}, {"role": "assistant", "content": "y"}]}])
     with pytest.raises(ValueError, match=r"target_layer_ids \[9\] are outside the target's 6 layers"):
-        compute_features(tiny_target_json, path, tmp_path / "f", layer_ids=[1, 9], max_seq_length=256)
+        compute_features(tiny_target_json, path, tmp_path / "f", FeatureSettings(target_layer_ids=[1, 9], max_seq_length=256))
 
 
 def test_conversation_without_assistant_turn_is_an_error(tiny_target_json):
@@ -262,7 +266,7 @@ def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target
     prompts = tmp_path / "prompts.jsonl"
     atomic_write_jsonl(prompts, PROMPTS)
     out = tmp_path / "responses.jsonl"
-    generate_responses(tiny_target_json, prompts, out, max_new_tokens=12, batch_size=1, dtype="bfloat16")
+    generate_responses(tiny_target_json, prompts, out, ResponseSettings(max_new_tokens=12, batch_size=1, dtype="bfloat16"))
     assert answered_in == [torch.bfloat16]
     model, tokenizer = load_target(tiny_target_json, dtype=torch.bfloat16)
     stops = stop_token_ids(tokenizer)
@@ -271,7 +275,7 @@ def test_bf16_generation_is_the_bf16_targets_greedy_answer(tmp_path, tiny_target
         expected = tokenizer.decode(_greedy_one(model, ids, 12, stops), skip_special_tokens=True)
         assert row["conversations"][1] == {"role": "assistant", "content": expected}
     with pytest.raises(ValueError, match=r"unknown generation dtype 'float16'; valid: float32, bfloat16"):
-        generate_responses(tiny_target_json, prompts, tmp_path / "x.jsonl", dtype="float16")
+        generate_responses(tiny_target_json, prompts, tmp_path / "x.jsonl", ResponseSettings(dtype="float16"))
 
 
 @pytest.mark.parametrize(("amx", "avx512_bf16", "expected"),
@@ -286,9 +290,9 @@ def test_auto_dtype_is_bf16_only_where_the_cpu_computes_it_natively(tmp_path, ti
     # Both stages run in the resolved precision and say which in their outputs.
     prompts, answers = tmp_path / "prompts.jsonl", tmp_path / "answers.jsonl"
     atomic_write_jsonl(prompts, PROMPTS[:2])
-    assert generate_responses(tiny_target_json, prompts, answers, max_new_tokens=6, dtype="auto")["dtype"] == expected
-    index = compute_features(tiny_target_json, answers, tmp_path / "f", layer_ids=[1, 3], max_seq_length=256,
-                             dtype="auto")
+    assert generate_responses(tiny_target_json, prompts, answers, ResponseSettings(max_new_tokens=6, dtype="auto"))["dtype"] == expected
+    index = compute_features(tiny_target_json, answers, tmp_path / "f",
+                             FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256, dtype="auto"))
     assert json.loads((tmp_path / "f" / "index.json").read_text())["capture_dtype"] == index["capture_dtype"] == expected
 
 

@@ -14,7 +14,7 @@ import pytest
 import torch
 from safetensors.torch import load_file, save_file
 
-from dpace.features import compute_features
+from dpace.features import FeatureSettings, compute_features
 from dpace.io import atomic_write_jsonl
 from dpace.training.loop import TrainConfig, train_drafter
 
@@ -31,7 +31,8 @@ CONVERSATIONS = [
 def features_dir(tmp_path_factory, tiny_target_json):
     folder = tmp_path_factory.mktemp("features")
     atomic_write_jsonl(folder / "conversations.jsonl", CONVERSATIONS)
-    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f", layer_ids=[1, 3], max_seq_length=256)
+    compute_features(tiny_target_json, folder / "conversations.jsonl", folder / "f",
+                     FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256))
     return folder / "f"
 
 
@@ -263,7 +264,8 @@ def test_objectives_needing_the_target_train_from_cached_last_hidden(tmp_path, t
 def test_online_features_train_like_cached_ones(tmp_path, tiny_target_json, features_dir):
     online = tmp_path / "online"
     atomic_write_jsonl(tmp_path / "c.jsonl", CONVERSATIONS)
-    compute_features(tiny_target_json, tmp_path / "c.jsonl", online, layer_ids=[1, 3], max_seq_length=256, mode="online")
+    compute_features(tiny_target_json, tmp_path / "c.jsonl", online,
+                     FeatureSettings(target_layer_ids=[1, 3], max_seq_length=256, mode="online"))
     config = small_config(epochs=1)
     cached = train_drafter(config, target_json=tiny_target_json, features_dir=features_dir, out_dir=tmp_path / "a",
                            scratch_dir=tmp_path / "sa")

@@ -13,6 +13,7 @@ from collections.abc import Callable, Iterable
 from pathlib import Path
 from typing import NamedTuple
 
+from dpace.data import check_turns
 from dpace.evaluation.eval_config import DEFAULTS, GREEDY_TIE_MARGIN, TAU_COUNTS
 from dpace.io import read_jsonl
 
@@ -34,9 +35,9 @@ def load_benchmark(path: str | Path, name: str) -> list[dict]:
     """Rows ``{"id", "benchmark", "turns"}`` of a benchmark jsonl, checked."""
     rows = list(read_jsonl(path))
     for line, row in enumerate(rows, start=1):
-        turns = row.get("turns")
-        if "id" not in row or not isinstance(turns, list) or not turns or not all(isinstance(t, str) for t in turns):
-            raise ValueError(f"{path}: row {line} needs an 'id' and a non-empty list of string 'turns'")
+        if "id" not in row:
+            raise ValueError(f"{path}:{line}: the row has no 'id'; fix that row")
+        check_turns(row.get("turns"), f"{path}:{line}")
     ids = [str(row["id"]) for row in rows]
     if len(set(ids)) != len(ids):
         raise ValueError(f"{path}: duplicate ids in benchmark {name!r}")

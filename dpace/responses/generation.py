@@ -2,7 +2,7 @@
 itself (``dpace.responses.conversations`` imports released answers instead).
 
 The output is SpecForge-style conversations jsonl, ``{"id", "conversations": [user, assistant]}``.
-Backends share one interface, ``generate_responses(...)``:
+Backends share one interface, ``generate_responses(..., ResponseSettings(...))``:
 
 - ``transformers`` (CPU or one GPU): left-padded batched ``generate`` with a KV cache, prompts
   sorted by length so a batch wastes little padding.
@@ -17,13 +17,14 @@ file records the settings and the target that made it; a rerun with other ones s
 from __future__ import annotations
 
 import json
+from dataclasses import dataclass
 from pathlib import Path
 
 import torch
 from tqdm import tqdm
 
 from dpace.io import JsonlAppender, atomic_write_json, atomic_write_jsonl, read_jsonl, read_partial_jsonl
-from dpace.schema import schema_enum
+from dpace.schema import schema_defaults, schema_enum
 from dpace.targets import (
     chat_prompt_ids,
     load_target,
@@ -161,32 +162,42 @@ def _require_responses(by_id: dict, rows: list, too_long: int, max_prompt_tokens
     raise ValueError(f"no responses: {prompts_path} holds {len(rows)} prompts; check data.train_prompts")
 
 
+@dataclass(frozen=True, kw_only=True)
+class ResponseSettings:
+    """How the target answers the training prompts: the config's ``responses`` section, each field named as
+    the schema (workflow/schemas/config.schema.yaml) names its key, and the config's ``seed``."""
+
+    backend: str = "transformers"
+    max_new_tokens: int = 256
+    max_prompt_tokens: int = 512  # longer prompts are skipped and counted, never truncated
+    temperature: float = 0.0
+    batch_size: int = 16
+    dtype: str = schema_defaults("responses")["dtype"]
+    seed: int = 0
+
+
 def generate_responses(
     target_json: str | Path,
     prompts_path: str | Path,
     out_path: str | Path,
+    settings: ResponseSettings,
     *,
-    backend: str = "transformers",
-    max_new_tokens: int = 256,
-    max_prompt_tokens: int = 512,
-    temperature: float = 0.0,
-    batch_size: int = 16,
-    seed: int = 0,
     device: str = "cpu",
-    dtype: str = "float32",
     scratch_path: str | Path | None = None,
 ) -> dict:
     """Generate the target's response to every prompt; returns counts (written, skipped)."""
+    backend, max_prompt_tokens, seed = settings.backend, settings.max_prompt_tokens, settings.seed
     if backend not in BACKENDS:
         raise ValueError(f"unknown generation backend {backend!r}; valid: {sorted(BACKENDS)}")
-    if dtype not in DTYPES:
-        raise ValueError(f"unknown generation dtype {dtype!r}; valid: {', '.join(DTYPES)}")
-    dtype = resolve_dtype(dtype, "cuda" if backend == "sglang" else device)  # SGLang serves on a GPU
+    if settings.dtype not in DTYPES:
+        raise ValueError(f"unknown generation dtype {settings.dtype!r}; valid: {', '.join(DTYPES)}")
+    dtype = resolve_dtype(settings.dtype, "cuda" if backend == "sglang" else device)  # SGLang serves on a GPU
     rows = list(read_jsonl(prompts_path))
     scratch_path = Path(scratch_path) if scratch_path else Path(str(out_path) + ".partial")
     made_path = Path(f"{scratch_path}.made.json")
-    made = {"backend": backend, "max_new_tokens": max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
-            "temperature": temperature, "seed": seed, "dtype": dtype, "target": target_checksum(target_json)}
+    # The scratch file's key: the settings an answer depends on (not batch_size), with the dtype as resolved.
+    made = {"backend": backend, "max_new_tokens": settings.max_new_tokens, "max_prompt_tokens": max_prompt_tokens,
+            "temperature": settings.temperature, "seed": seed, "dtype": dtype, "target": target_checksum(target_json)}
     if scratch_path.exists() and (not made_path.exists() or json.loads(made_path.read_text()) != made):
         print(f"{scratch_path} holds answers of other settings or another target: generating them again")
         scratch_path.unlink()
@@ -198,8 +209,8 @@ def generate_responses(
     with JsonlAppender(scratch_path) as out:
         if todo:
             BACKENDS[backend](
-                target_json, todo, out, max_new_tokens=max_new_tokens, temperature=temperature,
-                batch_size=batch_size, seed=seed, device=device, dtype=dtype,
+                target_json, todo, out, max_new_tokens=settings.max_new_tokens, temperature=settings.temperature,
+                batch_size=settings.batch_size, seed=seed, device=device, dtype=dtype,
             )
     answers = {_answered(answer): answer for answer in read_partial_jsonl(scratch_path)}
     _require_responses(answers, rows, too_long, max_prompt_tokens, prompts_path)

@@ -37,8 +37,17 @@ from dpace.training.drafter import (
 )
 from dpace.training.objectives import canonical_objective, objective_record, resolve_hparams
 from dpace.training.online_model import ObjectiveDFlashModel
+from dpace.training.specforge_run import ObjectiveSpec
 from dpace.training.train_config import TrainConfig, check_train_config
-from dpace.training.training_records import STEPS_FILE, run_summary, step_row, write_records
+from dpace.training.training_records import (
+    STEPS_FILE,
+    RunSchedule,
+    RunTiming,
+    StepMetrics,
+    run_summary,
+    step_row,
+    write_records,
+)
 
 
 def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
@@ -158,6 +167,10 @@ class TrainingRun:
             "cuda_rng": torch.cuda.get_rng_state(self.device) if self.device.type == "cuda" else None,
             "epoch": self.epoch, "step_in_epoch": self.step_in_epoch, "global_step": self.global_step,
         })
+
+    @property
+    def schedule(self) -> RunSchedule:
+        return RunSchedule(epochs=self.config.epochs, steps=self.total_steps, steps_per_epoch=self.steps_per_epoch)
 
     def autocast(self):
         precision = self.config.precision
@@ -324,13 +337,11 @@ def _build_model(config: TrainConfig, objective: str, hparams: dict, features: F
         target_embed_tokens=target.get_input_embeddings(),
         mask_token_id=mask_token_id,
         block_size=config.block_size,
+        objective=ObjectiveSpec(objective, dict(hparams), config.normalization),
         attention_backend=config.attention_backend,
         num_anchors=config.num_anchors,
-        objective=objective,
-        normalization=config.normalization,
         objective_chunk_blocks=config.objective_chunk_blocks,
         draft_vocab=draft_vocab,
-        **hparams,
     )
     return drafter, model, feature_scale
 
@@ -354,17 +365,18 @@ def _train(run: TrainingRun, out_dir: Path, stop_after_steps: int | None) -> boo
                     run, micro_batches[first : first + config.grad_accumulation])
                 step_time = device_clock(run.device) - started
                 log.write(step_row(
+                    run.schedule,
                     global_step=run.global_step,
                     epoch=run.epoch + 1,
                     step=run.step_in_epoch,
-                    total_steps=run.total_steps,
-                    steps_per_epoch=run.steps_per_epoch,
-                    loss=loss,
-                    accuracy=accuracy,
-                    grad_norm=float(grad_norm),
-                    lr=run.scheduler.get_last_lr()[0],
-                    step_time_s=step_time,
-                    weight_per_position=torch.stack(weights).mean(0).tolist(),
+                    metrics=StepMetrics(
+                        loss=loss,
+                        accuracy=accuracy,
+                        grad_norm=float(grad_norm),
+                        lr=run.scheduler.get_last_lr()[0],
+                        step_time_s=step_time,
+                        weight_per_position=torch.stack(weights).mean(0).tolist(),
+                    ),
                 ))
                 run.step_in_epoch += 1
                 run.global_step += 1
@@ -442,11 +454,9 @@ def _save_records(run: TrainingRun, out_dir: Path) -> dict:
         objective=run.objective,
         hparams=run.hparams,
         normalization=config.normalization,
-        epochs=config.epochs,
-        steps=run.total_steps,
-        steps_per_epoch=run.steps_per_epoch,
-        time_per_step_s=sum(step_times) / len(step_times),
-        time_per_epoch_s=sum(step_times) / config.epochs,
+        schedule=run.schedule,
+        timing=RunTiming(time_per_step_s=sum(step_times) / len(step_times),
+                         time_per_epoch_s=sum(step_times) / config.epochs),
         num_sequences=len(run.features),
         config=asdict(config),
     )

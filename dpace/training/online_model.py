@@ -19,23 +19,16 @@ from specforge.core.chunking import checkpointed_chunk_reduce
 from torch import Tensor, nn
 
 from dpace.training.draft_vocab import DraftVocabHead
-from dpace.training.objectives import (
-    ObjectiveTerms,
-    canonical_objective,
-    normalize_terms,
-    objective_record,
-    objective_terms,
-    resolve_hparams,
-    resolve_normalization,
-)
+from dpace.training.objectives import ObjectiveTerms, normalize_terms, objective_record, objective_terms
+from dpace.training.specforge_run import ObjectiveSpec
 
 
 class ObjectiveDFlashModel(OnlineDFlashModel):
     """SpecForge DFlash training wrapper whose loss is any objective of ``dpace.training.objectives``.
 
-    ``objective_hparams`` are the objective's hyper-parameters (``gamma`` for dflash,
-    ``alpha`` for the D-PACE family and dpakl, ``k`` for topk-prefix), validated and
-    defaulted once here by ``resolve_hparams``. ``draft_vocab`` (target token ids) scores the
+    ``objective`` names the objective with its hyper-parameters (``gamma`` for dflash, ``alpha`` for the
+    D-PACE family and dpakl, ``k`` for topk-prefix) and normalization, validated and defaulted once here
+    (``ObjectiveSpec.resolved``); None is dflash with its defaults. ``draft_vocab`` (target token ids) scores the
     draft vocabulary only (``dpace.training.draft_vocab``): block positions whose target token lies outside
     it are unsupervised, and objectives that read the target's distribution see it restricted to it.
     """
@@ -47,17 +40,14 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
         target_embed_tokens: nn.Module,
         mask_token_id: int,
         block_size: int,
+        *,
+        objective: ObjectiveSpec | None = None,
         attention_backend: str = "sdpa",
         num_anchors: int = 512,
-        objective: str = "dflash",
-        normalization: str | None = None,
         objective_chunk_blocks: int = 128,
         draft_vocab: list[int] | None = None,
-        **objective_hparams,
     ):
-        objective = canonical_objective(objective)
-        hparams = resolve_hparams(objective, block_size, **objective_hparams)
-        resolve_normalization(objective, normalization)
+        spec = (objective or ObjectiveSpec()).resolved(block_size)
         # The parent's loss_type selects its own objective, which this class never calls;
         # "dflash" only satisfies its constructor's validation.
         super().__init__(
@@ -71,10 +61,10 @@ class ObjectiveDFlashModel(OnlineDFlashModel):
             objective_chunk_blocks=objective_chunk_blocks,
             loss_type="dflash",
         )
-        self.loss_type = objective  # what actually trains, for logs that read loss_type
-        self.objective = objective
-        self.objective_hparams = hparams
-        self.normalization = normalization
+        self.loss_type = spec.objective  # what actually trains, for logs that read loss_type
+        self.objective = spec.objective
+        self.objective_hparams = spec.hparams
+        self.normalization = spec.normalization
         if draft_vocab is not None:
             self.lm_head = DraftVocabHead(target_lm_head, draft_vocab)
 

@@ -72,7 +72,15 @@ from dpace.training.specforge_run import (
     write_draft_config,
     write_prompts,
 )
-from dpace.training.training_records import run_summary, step_row, write_records
+from dpace.training.training_records import (
+    BackendRun,
+    RunSchedule,
+    RunTiming,
+    StepMetrics,
+    run_summary,
+    step_row,
+    write_records,
+)
 
 # ---------------------------------------------------------------------------------------------
 # The objective as a SpecForge algorithm
@@ -98,8 +106,7 @@ def algorithm_registration(spec: ObjectiveSpec):
 
         def factory(common):
             common = {k: v for k, v in common.items() if k != "loss_decay_gamma"}  # gamma is in hparams
-            return ObjectiveDFlashModel(**common, objective=resolved.objective, normalization=resolved.normalization,
-                                        **resolved.hparams)
+            return ObjectiveDFlashModel(**common, objective=resolved)
 
         return _build_dflash_family_model(config, draft_model, tokenizer, factory)
 
@@ -289,24 +296,25 @@ def _first(row: dict, *suffixes, numeric: bool = True):
     return None
 
 
-def _step_row(metrics: dict, *, per_epoch: int, total: int, epochs: int) -> dict:
+def _step_row(metrics: dict, schedule: RunSchedule) -> dict:
     """One SpecForge console row in the local backend's ``steps.jsonl`` layout (0-based steps)."""
     global_step = metrics["global_step"] - 1  # SpecForge prints the count of finished optimizer steps
-    epoch = min(epochs, global_step // per_epoch + 1)
-    step = global_step - (epoch - 1) * per_epoch
+    epoch = min(schedule.epochs, global_step // schedule.steps_per_epoch + 1)
+    step = global_step - (epoch - 1) * schedule.steps_per_epoch
     weights = _first(metrics, "weight_per_position", numeric=False)
     return step_row(
+        schedule,
         global_step=global_step,
         epoch=epoch,
         step=step,
-        total_steps=total,
-        steps_per_epoch=per_epoch,
-        loss=_first(metrics, "loss"),
-        accuracy=_first(metrics, "accuracy", "acc"),
-        grad_norm=_first(metrics, "grad_norm"),
-        lr=_first(metrics, "lr", "learning_rate"),
-        step_time_s=_first(metrics, "step_time", "step_time_s", "time_per_step"),
-        weight_per_position=list(weights) if isinstance(weights, list) else [],
+        metrics=StepMetrics(
+            loss=_first(metrics, "loss"),
+            accuracy=_first(metrics, "accuracy", "acc"),
+            grad_norm=_first(metrics, "grad_norm"),
+            lr=_first(metrics, "lr", "learning_rate"),
+            step_time_s=_first(metrics, "step_time", "step_time_s", "time_per_step"),
+            weight_per_position=list(weights) if isinstance(weights, list) else [],
+        ),
         extra={f"specforge/{k}": v for k, v in metrics.items() if k != "global_step"},
     )
 
@@ -365,27 +373,23 @@ def train_with_specforge(
 
     epochs = int(settings["epochs"])
     total = steps[epochs]
-    per_epoch = int(run["training"]["save_interval"])
-    step_rows = [_step_row(row, per_epoch=per_epoch, total=total, epochs=epochs) for row in parse_step_metrics(output)]
+    schedule = RunSchedule(epochs=epochs, steps=total, steps_per_epoch=int(run["training"]["save_interval"]))
+    step_rows = [_step_row(row, schedule) for row in parse_step_metrics(output)]
     step_times = [r["step_time_s"] for r in step_rows if r["step_time_s"] is not None]
     time_per_step = sum(step_times) / len(step_times) if step_times else wall / total
     summary = run_summary(
         step_rows,
-        backend="specforge",
         objective=spec.objective,
         hparams=spec.hparams,
         normalization=spec.normalization,
-        epochs=epochs,
-        steps=total,
-        steps_per_epoch=per_epoch,
-        epoch_end_steps={str(k): v for k, v in steps.items()},
-        time_per_step_s=time_per_step,  # SpecForge's step time if it logs one, else wall time / steps
-        time_per_epoch_s=time_per_step * total / epochs,
-        wall_time_s=wall,
+        schedule=schedule,
+        # SpecForge's step time if it logs one, else wall time / steps
+        timing=RunTiming(time_per_step_s=time_per_step, time_per_epoch_s=time_per_step * total / epochs,
+                         wall_time_s=wall),
         num_sequences=num_prompts,
-        topology=asdict(topology),
-        specforge_run=str(run_yaml),
         config={**settings, "mask_token_id": int(mask_token_id), "max_length": max_length},
+        backend_run=BackendRun(backend="specforge", epoch_end_steps={str(k): v for k, v in steps.items()},
+                               topology=asdict(topology), specforge_run=str(run_yaml)),
     )
     write_records(out_dir, step_rows, summary)
     return summary

@@ -11,6 +11,7 @@ the local loop, and ``dpace.training.specforge_backend``) and read by ``dpace.re
 
 from __future__ import annotations
 
+from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
 from dpace.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
@@ -19,21 +20,49 @@ STEPS_FILE = "steps.jsonl"
 SUMMARY_FILE = "summary.json"
 
 
-def step_row(
-    *,
-    global_step: int,
-    epoch: int,
-    step: int,
-    total_steps: int,
-    steps_per_epoch: int,
-    loss,
-    accuracy,
-    grad_norm,
-    lr,
-    step_time_s,
-    weight_per_position: list,
-    extra: dict | None = None,
-) -> dict:
+@dataclass(frozen=True)
+class RunSchedule:
+    """How a run's optimizer steps divide into epochs: ``steps`` in all, ``steps_per_epoch`` in each."""
+
+    epochs: int
+    steps: int
+    steps_per_epoch: int
+
+
+@dataclass(frozen=True)
+class StepMetrics:
+    """What one optimizer step measured (``weight_per_position``: the mean weight of each block position)."""
+
+    loss: float | None
+    accuracy: float | None
+    grad_norm: float | None
+    lr: float | None
+    step_time_s: float | None
+    weight_per_position: list
+
+
+@dataclass(frozen=True)
+class RunTiming:
+    """A run's time per optimizer step and per epoch; ``wall_time_s`` where the backend clocks the whole run."""
+
+    time_per_step_s: float
+    time_per_epoch_s: float
+    wall_time_s: float | None = None
+
+
+@dataclass(frozen=True)
+class BackendRun:
+    """What a trainer other than the local loop records about its run (the SpecForge backend's): its name,
+    the optimizer step each epoch ended at, its split of GPUs and its run file."""
+
+    backend: str
+    epoch_end_steps: dict | None = None
+    topology: dict | None = None
+    specforge_run: str | None = None
+
+
+def step_row(schedule: RunSchedule, *, global_step: int, epoch: int, step: int, metrics: StepMetrics,
+             extra: dict | None = None) -> dict:
     """One ``steps.jsonl`` row: optimizer step ``global_step`` (0-based), step ``step`` (0-based) of
     epoch ``epoch`` (1-based); ``extra`` fields (a backend's own metrics) come first."""
     return {
@@ -41,14 +70,9 @@ def step_row(
         "global_step": global_step,
         "epoch": epoch,
         "step": step,
-        "progress": (global_step + 1) / total_steps,
-        "epoch_progress": (step + 1) / steps_per_epoch,
-        "loss": loss,
-        "accuracy": accuracy,
-        "grad_norm": grad_norm,
-        "lr": lr,
-        "step_time_s": step_time_s,
-        "weight_per_position": weight_per_position,
+        "progress": (global_step + 1) / schedule.steps,
+        "epoch_progress": (step + 1) / schedule.steps_per_epoch,
+        **asdict(metrics),
     }
 
 
@@ -58,40 +82,33 @@ def run_summary(
     objective: str,
     hparams: dict,
     normalization,
-    epochs: int,
-    steps: int,
-    steps_per_epoch: int,
-    time_per_step_s: float,
-    time_per_epoch_s: float,
+    schedule: RunSchedule,
+    timing: RunTiming,
     num_sequences: int,
     config: dict,
-    backend: str | None = None,
-    epoch_end_steps: dict | None = None,
-    wall_time_s: float | None = None,
-    topology: dict | None = None,
-    specforge_run: str | None = None,
+    backend_run: BackendRun | None = None,
 ) -> dict:
-    """The ``summary.json`` of a run whose ``steps.jsonl`` holds ``rows``; the keyword-only
-    fields after ``config`` are written only when given (the SpecForge backend's)."""
-    optional = {"backend": backend, "epoch_end_steps": epoch_end_steps, "wall_time_s": wall_time_s,
-                "topology": topology, "specforge_run": specforge_run}
+    """The ``summary.json`` of a run whose ``steps.jsonl`` holds ``rows``; the fields of ``backend_run`` and the
+    wall time are written only when given (the SpecForge backend's)."""
+    extra = asdict(backend_run) if backend_run is not None else {}
+    optional = {*(field.name for field in fields(BackendRun)), "wall_time_s"}
     summary = {
-        "backend": backend,
+        "backend": extra.get("backend"),
         "objective": objective,
         "hparams": hparams,
         "normalization": normalization,
-        "epochs": epochs,
-        "steps": steps,
-        "steps_per_epoch": steps_per_epoch,
-        "epoch_end_steps": epoch_end_steps,
-        "time_per_step_s": time_per_step_s,
-        "time_per_epoch_s": time_per_epoch_s,
-        "wall_time_s": wall_time_s,
+        "epochs": schedule.epochs,
+        "steps": schedule.steps,
+        "steps_per_epoch": schedule.steps_per_epoch,
+        "epoch_end_steps": extra.get("epoch_end_steps"),
+        "time_per_step_s": timing.time_per_step_s,
+        "time_per_epoch_s": timing.time_per_epoch_s,
+        "wall_time_s": timing.wall_time_s,
         "final_loss": rows[-1]["loss"] if rows else None,
         "final_accuracy": rows[-1]["accuracy"] if rows else None,
         "num_sequences": num_sequences,
-        "topology": topology,
-        "specforge_run": specforge_run,
+        "topology": extra.get("topology"),
+        "specforge_run": extra.get("specforge_run"),
         "config": config,
     }
     return {key: value for key, value in summary.items() if key not in optional or value is not None}

@@ -1,10 +1,11 @@
 import sys
+from dataclasses import fields
 
 import torch
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
-from dpace.features import compute_features
+from dpace.features import FeatureSettings, compute_features
 from dpace.gpus import torch_device_slot
 
 torch.set_num_threads(snakemake.threads)
@@ -14,12 +15,8 @@ with torch_device_slot(snakemake.resources.get("gpu", 0)) as device:
         snakemake.input.target,
         snakemake.input.conversations,
         snakemake.output.features,
-        layer_ids=snakemake.params.target_layer_ids,
-        num_target_features=snakemake.params.num_target_features,
-        max_seq_length=snakemake.params.max_seq_length,
-        mode=snakemake.params.mode,
-        batch_size=snakemake.params.batch_size,
-        dtype=snakemake.params.dtype,
+        # the rule's params are named as the schema's features keys, as FeatureSettings' fields are
+        FeatureSettings(**{field.name: getattr(snakemake.params, field.name) for field in fields(FeatureSettings)}),
         device=device,
     )
 print({key: value for key, value in index.items() if key != "shards"})

@@ -1,11 +1,12 @@
 import sys
+from dataclasses import fields
 
 import torch
 
 sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from dpace.gpus import torch_device_slot
-from dpace.responses.generation import generate_responses
+from dpace.responses.generation import ResponseSettings, generate_responses
 
 torch.set_num_threads(snakemake.threads)
 # transformers: one CUDA GPU when the machine has any (locked so that parallel jobs get different ones),
@@ -17,13 +18,8 @@ with torch_device_slot(snakemake.resources.get("gpu", 0) if local else 0) as dev
         snakemake.input.target,
         snakemake.input.prompts,
         snakemake.output.conversations,
-        backend=snakemake.params.backend,
-        max_new_tokens=snakemake.params.max_new_tokens,
-        max_prompt_tokens=snakemake.params.max_prompt_tokens,
-        temperature=snakemake.params.temperature,
-        batch_size=snakemake.params.batch_size,
-        dtype=snakemake.params.dtype,
-        seed=snakemake.params.seed,
+        # the rule's params are named as the schema's responses keys (and seed), as ResponseSettings' fields are
+        ResponseSettings(**{field.name: getattr(snakemake.params, field.name) for field in fields(ResponseSettings)}),
         scratch_path=snakemake.params.scratch,
         device=device,
     )
