@@ -44,6 +44,10 @@ def test_a_hub_target_leaves_authentication_to_the_hub_and_records_no_token(tmp_
 
     monkeypatch.setattr(targets.AutoConfig, "from_pretrained", recording(FakeHubConfig()))
     monkeypatch.setattr(targets.AutoTokenizer, "from_pretrained", recording(FakeHubTokenizer()))
+    # what a hub target must be to be served (tests/test_reliability.py) is not this test's concern
+    monkeypatch.setattr(targets, "check_servable", lambda source, tokenizer: None)
+    monkeypatch.setattr(targets, "_weightless_embedding", lambda config, trust_remote_code: None)
+    monkeypatch.setattr(targets, "check_embedding_lookup", lambda source, embedding: None)
     target_json = targets.prepare_target({"source": "meta-llama/Llama-3.1-8B-Instruct"}, tmp_path / "llama")
     assert [name for name, _, _ in calls] == ["meta-llama/Llama-3.1-8B-Instruct"] * 2
     for _, args, kwargs in calls:  # huggingface_hub reads HF_TOKEN itself; dpace never handles it
