@@ -378,6 +378,23 @@ def test_a_target_without_a_chat_template_is_refused_before_its_model_is_built(t
     assert not (tmp_path / "out" / "model").exists()
 
 
+def test_a_gguf_target_without_a_chat_template_is_refused_before_it_is_dequantised(tmp_path, smollm_tokenizer,
+                                                                                    monkeypatch):
+    """Gemma-3-270M's GGUF was refused only after 12 minutes of dequantising: the template is checked first."""
+    import dpace.targets
+
+    smollm_tokenizer.save_pretrained(tmp_path / "tokenizer")
+    templateless = dpace.targets.AutoTokenizer.from_pretrained(tmp_path / "tokenizer")
+    templateless.chat_template = None
+    gguf = tmp_path / "model-q4.gguf"
+    gguf.write_bytes(b"GGUF")  # never read: the tokenizer comes from the stand-in below
+    monkeypatch.setattr(dpace.targets.AutoTokenizer, "from_pretrained", lambda *a, **k: templateless)
+    monkeypatch.setattr(dpace.targets, "_gguf_model", lambda *a: pytest.fail("dequantised before the check"))
+    with pytest.raises(ValueError, match="has no chat template"):
+        dpace.targets.prepare_target({"source": str(gguf)}, tmp_path / "out")
+    assert not (tmp_path / "out" / "model").exists()
+
+
 def test_a_target_whose_end_of_turn_is_no_stop_token_is_refused(tmp_path, smollm_tokenizer):
     from transformers import AutoTokenizer
 
