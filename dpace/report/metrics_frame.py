@@ -34,7 +34,9 @@ METRIC_COLUMNS: tuple[str, ...] = (
     "tau",
     "speedup",
 )
-BLOCK_COLUMNS: tuple[str, ...] = ("variant", "benchmark", "temperature", "tau_block", "sum_q", "surrogate")
+# What the per-block figures and Table 8 read of an experiment's blocks CSV (collect adds ``variant`` to the
+# columns an evaluation writes, dpace.evaluation.eval_records.BLOCK_COLUMNS).
+BLOCKS_READ: tuple[str, ...] = ("variant", "benchmark", "temperature", "tau_block", "sum_q", "surrogate")
 
 
 def is_finite(x: object) -> bool:
@@ -290,7 +292,7 @@ def select_blocks(
 
     When ``blocks`` has an ``epoch`` column, only ``epoch`` (default: the latest one) is kept.
     """
-    require_columns(blocks, BLOCK_COLUMNS, "blocks")
+    require_columns(blocks, BLOCKS_READ, "blocks")
     rows = blocks
     if benchmark is not None:
         rows = rows[rows["benchmark"] == benchmark]
