@@ -630,3 +630,18 @@ def test_a_contrast_of_a_several_seed_run_reads_the_first_seed_and_says_so(tmp_p
     [found] = findings.findings([claim], tmp_path)
     assert found.verdict == REPRODUCED and found.value == pytest.approx(0.2) and found.seeds == 1
     assert "training seed 0 of 2" in found.note
+
+
+def test_a_cell_of_too_few_prompts_gets_no_interval_and_decides_nothing(tmp_path):
+    """A bootstrap over 2 prompts gives their own range as a "95%" interval: such a cell must not contradict
+    (or reproduce) a claim, while the same interval over enough prompts does."""
+    from dpace.report.verdicts import MIN_INTERVAL_PROMPTS, claim_verdict
+
+    write_comparisons(tmp_path, [
+        comparison_row(1, -0.20, -0.30, -0.10, num_prompts=2),
+        comparison_row(2, -0.20, -0.30, -0.10, num_prompts=MIN_INTERVAL_PROMPTS),
+    ])
+    few, enough = findings.findings([ABOVE_DFLASH], tmp_path)
+    assert (few.verdict, enough.verdict) == (INCONCLUSIVE, CONTRADICTED)
+    assert few.value == -0.20 and math.isnan(few.low) and math.isnan(few.high)
+    assert claim_verdict([few]) == INCONCLUSIVE and claim_verdict([few, enough]) == CONTRADICTED

@@ -181,7 +181,8 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
             _row_attrs(row, (*CELL_COLUMNS, "benchmark", *where)),
             key=("comparison", *(row[c] for c in ("target", "variant", "reference_variant", "metric", "benchmark",
                                                    "temperature", "epoch", "suite"))),
-            reference_tau=reference_tau, seeds=seeds, note=f"n={int(row['num_prompts'])} prompts",
+            reference_tau=reference_tau, seeds=seeds, num_prompts=int(row["num_prompts"]),
+            note=f"n={int(row['num_prompts'])} prompts",
             drafters=f"{row['objective']} - dflash ({row['metric']})"))
     return out
 
@@ -232,7 +233,8 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
                benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
         out.append(judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
-                           reference_tau=_dflash_tau(cell), note=f"n={result['num_prompts']} prompts{seed_note}",
+                           reference_tau=_dflash_tau(cell), num_prompts=int(result["num_prompts"]),
+                           note=f"n={result['num_prompts']} prompts{seed_note}",
                            drafters=f"contrast ({metric})"))
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")

@@ -178,8 +178,18 @@ def paper_cell_label(cell: dict) -> str:
     return " ".join(parts)
 
 
-def judged(claim: dict, cell: str, estimate: tuple, raw: tuple, attrs: dict, **extra) -> Finding:
-    """A measured cell in the claim's unit, matched to its paper cell and judged against its region."""
+# A percentile bootstrap over n prompts has at most C(2n - 1, n) distinct means: below this many prompts its
+# 95% interval is little more than the range of the prompts' own values (n = 2: their minimum and maximum),
+# far narrower than a 95% interval should be, so such a cell gets no interval and decides nothing.
+MIN_INTERVAL_PROMPTS = 5
+
+
+def judged(claim: dict, cell: str, estimate: tuple, raw: tuple, attrs: dict, *, num_prompts: int | None = None,
+           **extra) -> Finding:
+    """A measured cell in the claim's unit, matched to its paper cell and judged against its region (without an
+    interval when it rests on fewer than ``MIN_INTERVAL_PROMPTS`` prompts)."""
+    if num_prompts is not None and num_prompts < MIN_INTERVAL_PROMPTS:
+        estimate, raw = (estimate[0], math.nan, math.nan), (raw[0], math.nan, math.nan)
     paper = match_paper_cell(claim, attrs)
     region = Region.of(claim["verdict"], paper_value(claim, paper) if paper else math.nan)
     cell_verdict = verdict(estimate[1], estimate[2], region) if paper is not None else BEYOND
