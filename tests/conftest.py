@@ -109,3 +109,13 @@ def one_torch_thread():
     torch.set_num_threads(1)
     yield
     torch.set_num_threads(threads)
+
+
+@pytest.fixture
+def lock_env(tmp_path, monkeypatch):
+    """Two pretend GPUs and a private lock folder; no scheduler."""
+    monkeypatch.setenv("DPACE_GPUS", "0,1")
+    monkeypatch.setenv("DPACE_LOCK_DIR", str(tmp_path / "locks"))
+    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    return tmp_path / "locks"

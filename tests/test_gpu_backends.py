@@ -50,13 +50,9 @@ def features_dir(tmp_path_factory, tiny_target_json):
 
 
 @pytest.fixture
-def gpu_env(tmp_path, monkeypatch):
-    """Two pretend GPUs and a private lock folder; no scheduler."""
-    monkeypatch.setenv("DPACE_GPUS", "0,1")
-    monkeypatch.setenv("DPACE_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return tmp_path / "locks"
+def gpu_env(lock_env):
+    """Two pretend GPUs and a private lock folder (conftest's lock_env)."""
+    return lock_env
 
 
 # ---------------------------------------------------------------------------------------------

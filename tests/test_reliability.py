@@ -19,15 +19,6 @@ import pytest
 REPO = Path(__file__).resolve().parents[1]
 
 
-@pytest.fixture
-def lock_env(tmp_path, monkeypatch):
-    """Two pretend GPUs and a private lock folder; no scheduler."""
-    monkeypatch.setenv("DPACE_GPUS", "0,1")
-    monkeypatch.setenv("DPACE_LOCK_DIR", str(tmp_path / "locks"))
-    monkeypatch.delenv("SLURM_JOB_ID", raising=False)
-    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
-    return tmp_path / "locks"
-
 
 def hold_lock_in_another_process(name: str) -> subprocess.Popen:
     holder = subprocess.Popen(
