@@ -146,18 +146,6 @@ def load_safetensors(path: str | Path, *, fix: str = REMAKE) -> dict:
         raise DamagedFile(f"{path}: damaged safetensors file ({error}); {fix}") from None
 
 
-def check_safetensors(path: str | Path, *, fix: str = REMAKE) -> None:
-    """Fail naming ``path`` when its header or data length is damaged (a truncated checkpoint), without
-    reading the tensors."""
-    from safetensors import SafetensorError, safe_open
-
-    try:
-        with safe_open(str(path), framework="pt") as handle:
-            handle.keys()
-    except (SafetensorError, OSError) as error:
-        raise DamagedFile(f"{path}: damaged safetensors file ({error}); {fix}") from None
-
-
 def read_partial_jsonl(path: str | Path) -> list[dict]:
     """Complete rows of a file being appended to; a torn last line (killed writer) is dropped."""
     path = Path(path)
