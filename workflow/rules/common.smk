@@ -30,6 +30,7 @@ from dpace.experiments import (
 )
 from dpace.responses.conversations import is_local
 from dpace.training.train_config import train_knobs
+from dpace.training.training_records import STEPS_FILE
 from dpace import fingerprint
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
@@ -275,6 +276,9 @@ def beside(paths, name):
     """The file ``name`` next to each of ``paths`` (an evaluation's blocks.csv, a drafter's steps.jsonl):
     read with them, so inputs too."""
     return [os.path.join(os.path.dirname(path), name) for path in paths]
+
+
+EVAL_BLOCKS_FILE = os.path.basename(EVAL_BLOCKS)  # beside each evaluation's summary (dpace.paths)
 
 
 def local_blocks_summaries():

@@ -9,7 +9,7 @@ wildcard_constraints:
 rule experiment_metrics:
     input:
         summaries=lambda wildcards: experiment_evaluations(wildcards.experiment),
-        blocks=lambda wildcards: beside(experiment_evaluations(wildcards.experiment), "blocks.csv"),
+        blocks=lambda wildcards: beside(experiment_evaluations(wildcards.experiment), EVAL_BLOCKS_FILE),
     output:
         metrics=f"{RESULTS}/metrics/{{experiment}}.csv",
         blocks=f"{RESULTS}/metrics/{{experiment}}_blocks.csv",
@@ -32,7 +32,7 @@ rule local_blocks:
     (dpace.experiments.BLOCKS)."""
     input:
         summaries=lambda wildcards: local_blocks_summaries(),
-        blocks=lambda wildcards: beside(local_blocks_summaries(), "blocks.csv"),
+        blocks=lambda wildcards: beside(local_blocks_summaries(), EVAL_BLOCKS_FILE),
     output:
         metrics=f"{RESULTS}/metrics/main_local.csv",
         blocks=f"{RESULTS}/metrics/main_local_blocks.csv",
@@ -52,7 +52,7 @@ rule experiment_training:
     input:
         summaries=lambda wildcards: [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants],
         steps=lambda wildcards: beside(
-            [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants], "steps.jsonl"
+            [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants], STEPS_FILE
         ),
     output:
         steps=f"{RESULTS}/metrics/{{experiment}}_train_steps.csv",
