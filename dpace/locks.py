@@ -130,10 +130,13 @@ def machine_lock(name: str, *, timeout_s: float | None = None, poll_s: float = 1
 
 
 def timing_lock(device: str) -> str:
-    """The name of the timing lock of ``device`` ("cpu", "cuda:1"): every job that times decoding on the CPU
-    shares one; each GPU has its own, since jobs on the other GPUs of a node barely move its timings and
-    serialising them would leave those GPUs idle."""
-    return "timing-" + re.sub(r"[^A-Za-z0-9]", "", device)
+    """The name of the timing lock of ``device`` ("cpu", or "cuda" inside a ``dpace.gpus`` slot): every job that
+    times decoding on the CPU shares one; each physical GPU has its own (the slot's ``CUDA_VISIBLE_DEVICES``),
+    since jobs on the other GPUs of a node barely move its timings and serialising them would leave those GPUs
+    idle."""
+    if device.startswith("cuda"):
+        device = "cuda-" + os.environ.get("CUDA_VISIBLE_DEVICES", device).replace(",", "-")
+    return "timing-" + re.sub(r"[^A-Za-z0-9-]", "", device)
 
 
 __all__ = ["LockTimeout", "holder", "lock_dir", "machine_lock", "release", "timing_lock", "try_lock"]

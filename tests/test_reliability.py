@@ -413,3 +413,15 @@ def test_a_target_whose_embedding_module_scales_its_lookup_is_refused(tmp_path, 
     with pytest.raises(ValueError, match=r"Gemma3TextScaledWordEmbedding\) is not a plain lookup .* ratio 8\b"):
         prepare_target({"source": str(tmp_path / "scaled")}, tmp_path / "out")
     assert not (tmp_path / "out" / "target.json").exists()
+
+
+def test_the_timing_lock_is_one_for_the_cpu_and_one_per_physical_gpu(monkeypatch):
+    from dpace.locks import NAME, timing_lock
+
+    monkeypatch.delenv("CUDA_VISIBLE_DEVICES", raising=False)
+    assert timing_lock("cpu") == "timing-cpu"
+    names = []
+    for gpus in ("0", "3", "1,2"):  # what dpace.gpus.gpu_slot sets for the job
+        monkeypatch.setenv("CUDA_VISIBLE_DEVICES", gpus)
+        names.append(timing_lock("cuda"))
+    assert names == ["timing-cuda-0", "timing-cuda-3", "timing-cuda-1-2"] and all(NAME.match(n) for n in names)

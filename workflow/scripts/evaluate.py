@@ -16,8 +16,8 @@ if config.backend == "sglang":
     from dpace.evaluation.sglang_backend import evaluate_sglang
 
     log = Path(snakemake.log[0])
-    # The timing lock: no other job's decoding runs on this machine while this one times its own (SR).
-    with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))), machine_lock("timing"):
+    # The timing lock of the slot's GPU(s): no other job decodes there while this one times its own (SR).
+    with gpu_slot(max(1, int(snakemake.resources.get("gpu", 1)))), machine_lock(timing_lock("cuda")):
         evaluate_sglang(snakemake.input.target, params.drafter, benchmarks, config, log_dir=log.with_suffix(".sglang"),
                         **outputs)
 else:
