@@ -260,6 +260,21 @@ def readme_recovery_steps() -> list[list[str]]:
     return [shlex.split(line.split("#", 1)[0]) for line in block.splitlines() if line.split("#", 1)[0].strip()]
 
 
+def test_the_readmes_unlock_runs_as_written_on_the_default_config(tmp_path):
+    """The README's first recovery step exactly as written (no --cores) on config.yaml, whose heavy jobs
+    take every core: it removes a killed run's lock (it once failed asking for --cores)."""
+    unlock = readme_recovery_steps()[0]
+    config = write_config(tmp_path, "config.yaml")
+    locks = tmp_path / ".snakemake" / "locks"
+    locks.mkdir(parents=True)
+    (locks / "0.input.lock").write_text(str(tmp_path / "results"))
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+               "--configfile", str(config), "--replace-workflow-config", *unlock[1:]]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stderr[-3000:]
+    assert not locks.exists() or not list(locks.iterdir())
+
+
 def test_a_run_killed_during_training_finishes_after_the_readmes_steps(smoke_run, tmp_path):
     """SIGKILL a real run's whole process group while a drafter trains (a crash, an OOM kill, a closed
     laptop), then do exactly what the README says: the run finishes, equal to the uninterrupted one."""

@@ -44,10 +44,14 @@ except ConfigError as error:
     raise WorkflowError(f"invalid configuration: {error}") from None
 
 RESULTS = "results"
-# Heavy jobs take every core unless the config says otherwise, so two timing jobs never share the
-# CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side.
-JOB_THREADS = config["job_threads"] or workflow.cores
 SCRATCH = f"{RESULTS}/scratch"
+
+
+def job_threads(wildcards):
+    """Threads of a heavy job: every core unless the config says otherwise, so two timing jobs never share
+    the CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side. A function,
+    as `workflow.cores` is only known to runs given --cores (`snakemake --unlock` is not)."""
+    return config["job_threads"] or workflow.cores
 
 
 # Names of the data sets imported with the target's answers already in them (targets.<t>.responses).

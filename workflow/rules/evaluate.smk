@@ -35,7 +35,7 @@ rule autoregressive_baseline:
         },
         records=f"{SCRATCH}/eval/{{target}}/autoregressive-baseline.records.jsonl",
         code=script_fingerprint("autoregressive_baseline.py"),
-    threads: JOB_THREADS
+    threads: job_threads
     resources:
         gpu=1,
     script:
@@ -76,7 +76,7 @@ rule evaluate:
         },
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=script_fingerprint("evaluate.py"),
-    threads: JOB_THREADS
+    threads: job_threads
     resources:
         gpu=1,  # one GPU when the machine has one (local backend on CUDA, or SGLang); CPU otherwise
     script:

@@ -20,7 +20,7 @@ rule features:
         batch_size=config["features"]["batch_size"],
         dtype=config["features"]["dtype"],
         code=script_fingerprint("features.py"),
-    threads: JOB_THREADS
+    threads: job_threads
     resources:
         # cached features run the target: on a GPU when the machine has one (online mode only tokenises)
         gpu=1 if config["features"]["mode"] == "cached" else 0,

@@ -26,7 +26,7 @@ rule generate_responses:
         seed=config["seed"],
         scratch=f"{SCRATCH}/responses/{{target}}/{{dataset}}.partial.jsonl",
         code=script_fingerprint("generate_responses.py"),
-    threads: JOB_THREADS
+    threads: job_threads
     resources:
         gpu=1,  # SGLang's engine, or transformers on a GPU when the machine has one (CPU otherwise)
     script:

@@ -23,7 +23,7 @@ rule train_drafter:
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
         code=lambda wildcards: script_fingerprint("train_drafter.py", variant(wildcards).objective),
-    threads: JOB_THREADS
+    threads: job_threads
     resources:
         # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two.
         gpu=2 if config["train"]["backend"] == "specforge" else 1,
