@@ -38,30 +38,70 @@ def seed_split(row: pd.Series) -> str:
     return f"{100 * share:.0f}% seeds ({int(row['num_seeds'])} seeds, {row['seed_pairing']})"
 
 
+# Settings that tell two drafters of one objective apart (an experiment's sweep), as the tables write them.
+SETTINGS = {"depth": "depth {}", "block_size": "B = {}", "alpha": "alpha = {}", "gamma": "gamma = {}",
+            "normalization": "normalization {}"}
+
+
+def _settings(frame: pd.DataFrame | None, variant: str) -> dict:
+    if frame is None or "variant" not in frame:
+        return {}
+    rows = frame[frame["variant"] == variant]
+    if rows.empty:
+        return {}
+    first = rows.iloc[0]
+    return {key: first[key] for key in SETTINGS if key in first and pd.notna(first[key])}
+
+
+def _distinguishing(settings: dict[str, dict]) -> dict[str, str]:
+    """Each variant's suffix: the settings in which it differs from the others of its group ("" if none)."""
+    keys = [k for k in SETTINGS if len({str(s.get(k)) for s in settings.values()}) > 1]
+    return {variant: ", ".join(SETTINGS[k].format(f"{s[k]:g}" if isinstance(s.get(k), float) else s.get(k))
+                                for k in keys if k in s) for variant, s in settings.items()}
+
+
+def _label(name: str, suffix: str) -> str:
+    return f"{name} ({suffix})" if suffix else name
+
+
 def table(comparisons: pd.DataFrame, temperature: float, metrics: pd.DataFrame | None = None) -> str:
-    """The average over benchmarks, as ``experiment_comparisons`` computed it: each row's ``value`` and its
-    DFlash drafter's ``reference_value``, at the final epoch; labelled and ordered as the tables do (``k``
-    from ``metrics``, where given)."""
+    """The average over benchmarks, as ``experiment_comparisons`` computed it: each drafter's ``value`` and its
+    DFlash drafter's ``reference_value``, at the final epoch; one row per drafter (a sweep's drafters of one
+    objective are told apart by the settings they differ in), each under its own DFlash drafter (a block-size
+    sweep has one per B); labelled and ordered as the tables do (``k`` and the settings from ``metrics``,
+    where given)."""
     cells = comparisons[(comparisons["benchmark"] == "avg") & (comparisons["temperature"] == temperature)]
     cells = cells[cells["epoch"] == cells["epoch"].max()]
+    cells = cells.assign(**{c: cells[c].astype(object).fillna("") for c in ("variant", "reference_variant")})
     has_seeds = "num_seeds" in cells and (cells["num_seeds"].fillna(1) > 1).any()
     header = "| method | tau | tau - DFlash [95% CI] | half-width | SR | SR - DFlash [95% CI] |"
     header += " seeds' share of the variance |" if has_seeds else ""
     lines = [header, "|" + "---|" * (header.count("|") - 1)]
-    reference_tau, reference_sr = (cells[cells["metric"] == metric].iloc[0]["reference_value"] for metric in ("tau", "speedup"))
-    lines.append("| " + " | ".join([objective_label("dflash"), f"{reference_tau:.3f}", "", "", f"{reference_sr:.2f}", ""]
-                                   + ([""] if has_seeds else [])) + " |")
-    for objective in sort_objectives(cells["objective"]):
-        compared = cells[cells["objective"] == objective]
-        t = compared[compared["metric"] == "tau"].iloc[0]
-        s = compared[compared["metric"] == "speedup"].iloc[0]
-        k = None if metrics is None else k_of(metrics, objective)
-        cols = [objective_label(objective, k), f"{t['value']:.3f}", interval_text(t), f"{(t['ci_high'] - t['ci_low']) / 2:.3f}",
-                f"{s['value']:.2f}",
-                interval_text(s) if math.isfinite(s["ci_low"]) else f"{s['difference']:+.3f} (no interval)"]
-        if has_seeds:
-            cols.append(seed_split(t))
-        lines.append("| " + " | ".join(cols) + " |")
+    source = metrics if metrics is not None else cells
+    references = list(dict.fromkeys(cells["reference_variant"]))
+    reference_suffix = _distinguishing({r: _settings(source, r) for r in references})
+    for reference in references:
+        group = cells[cells["reference_variant"] == reference]
+        reference_tau, reference_sr = (group[group["metric"] == metric].iloc[0]["reference_value"]
+                                       for metric in ("tau", "speedup"))
+        lines.append("| " + " | ".join([_label(objective_label("dflash"), reference_suffix[reference]),
+                                        f"{reference_tau:.3f}", "", "", f"{reference_sr:.2f}", ""]
+                                       + ([""] if has_seeds else [])) + " |")
+        for objective in sort_objectives(group["objective"]):
+            variants = list(dict.fromkeys(group.loc[group["objective"] == objective, "variant"]))
+            suffix = _distinguishing({v: _settings(source, v) for v in  # against every drafter of the objective
+                                      dict.fromkeys(cells.loc[cells["objective"] == objective, "variant"])})
+            k = None if metrics is None else k_of(metrics, objective)
+            for variant in variants:
+                compared = group[(group["objective"] == objective) & (group["variant"] == variant)]
+                t = compared[compared["metric"] == "tau"].iloc[0]
+                s = compared[compared["metric"] == "speedup"].iloc[0]
+                cols = [_label(objective_label(objective, k), suffix[variant]), f"{t['value']:.3f}", interval_text(t),
+                        f"{(t['ci_high'] - t['ci_low']) / 2:.3f}", f"{s['value']:.2f}",
+                        interval_text(s) if math.isfinite(s["ci_low"]) else f"{s['difference']:+.3f} (no interval)"]
+                if has_seeds:
+                    cols.append(seed_split(t))
+                lines.append("| " + " | ".join(cols) + " |")
     return "\n".join(lines)
 
 

@@ -45,3 +45,50 @@ def test_with_seeds_the_table_splits_the_variance():
     lines = run_summary.table(comparisons, 0.0).splitlines()
     assert lines[0].endswith("seeds' share of the variance |")
     assert lines[3].endswith("| 25% seeds (3 seeds, paired) |")
+
+
+def sweep_metrics(settings: dict[str, dict]) -> pd.DataFrame:
+    """A metrics frame with one row per drafter: its objective and settings."""
+    base = {"depth": 2, "block_size": 8, "alpha": math.nan, "k": math.nan, "gamma": math.nan, "normalization": "default"}
+    return pd.DataFrame([{**base, "variant": variant, **values} for variant, values in settings.items()])
+
+
+def test_a_sweep_shows_every_drafter_of_an_objective_by_the_setting_it_changes():
+    """Table 5's drafters are all D-PACE: each gets its row, named by its alpha (one row per objective once
+    showed alpha 0's numbers as "D-PACE" and dropped the others)."""
+    comparisons = pd.DataFrame([
+        row("dpace", "tau", 1.01, -0.41, -0.36, variant="dpace-alpha0", reference_variant="dflash-b8"),
+        row("dpace", "speedup", 0.58, -0.27, -0.16, variant="dpace-alpha0", reference_variant="dflash-b8"),
+        row("dpace", "tau", 1.45, 0.03, 0.07, variant="dpace-alpha0.5", reference_variant="dflash-b8"),
+        row("dpace", "speedup", 0.85, -0.01, 0.11, variant="dpace-alpha0.5", reference_variant="dflash-b8"),
+    ])
+    metrics = sweep_metrics({"dflash-b8": {"objective": "dflash", "gamma": 4.0},
+                             "dpace-alpha0": {"objective": "dpace", "alpha": 0.0},
+                             "dpace-alpha0.5": {"objective": "dpace", "alpha": 0.5}})
+    lines = run_summary.table(comparisons, 0.0, metrics).splitlines()
+    assert lines[2].startswith("| DFlash | 1.400 |")
+    assert lines[3].startswith("| D-PACE (alpha = 0) | 1.010 | **-0.390 [-0.410, -0.360]** |")
+    assert lines[4].startswith("| D-PACE (alpha = 0.5) | 1.450 | **+0.050 [+0.030, +0.070]** |")
+    assert len(lines) == 5
+
+
+def test_a_block_size_sweep_shows_each_drafter_under_its_own_dflash():
+    comparisons = pd.DataFrame([
+        row("dpace", "tau", 1.45, 0.03, 0.07, variant="dpace-b8", reference_variant="dflash-b8"),
+        row("dpace", "speedup", 0.85, 0.15, 0.23, variant="dpace-b8", reference_variant="dflash-b8"),
+        row("dpace", "tau", 1.43, 0.07, 0.11, variant="dpace-b12", reference_variant="dflash-b12",
+            reference_value=1.34, difference=0.09),
+        row("dpace", "speedup", 0.73, 0.03, 0.12, variant="dpace-b12", reference_variant="dflash-b12",
+            reference_value=0.65, difference=0.08),
+    ])
+    metrics = sweep_metrics({"dflash-b8": {"objective": "dflash", "gamma": 4.0},
+                             "dflash-b12": {"objective": "dflash", "block_size": 12, "gamma": 6.0},
+                             "dpace-b8": {"objective": "dpace", "alpha": 0.5},
+                             "dpace-b12": {"objective": "dpace", "block_size": 12, "alpha": 0.5}})
+    lines = run_summary.table(comparisons, 0.0, metrics).splitlines()
+    assert lines[2:] == [
+        "| DFlash (B = 8, gamma = 4) | 1.400 |  |  | 0.66 |  |",
+        "| D-PACE (B = 8) | 1.450 | **+0.050 [+0.030, +0.070]** | 0.020 | 0.85 | **+0.190 [+0.150, +0.230]** |",
+        "| DFlash (B = 12, gamma = 6) | 1.340 |  |  | 0.65 |  |",
+        "| D-PACE (B = 12) | 1.430 | **+0.090 [+0.070, +0.110]** | 0.020 | 0.73 | **+0.080 [+0.030, +0.120]** |",
+    ]
