@@ -15,7 +15,12 @@ import yaml
 
 from dpace.report import claim_measures, findings, scorecard_page, verdicts
 from dpace.report.findings import CONTRADICTED, INCONCLUSIVE, NOT_RUN, REPRODUCED, Finding, Region
-from dpace.report.intervals import COMPARISON_COLUMNS, paired_bootstrap, paired_contrast
+from dpace.report.intervals import (
+    COMPARISON_COLUMNS,
+    hierarchical_bootstrap,
+    paired_bootstrap,
+    paired_contrast,
+)
 
 REPO = Path(__file__).resolve().parents[1]
 CLAIMS = REPO / "workflow" / "claims.yaml"
@@ -617,7 +622,26 @@ def test_the_gradient_is_read_from_each_benchmarks_evaluations(tmp_path):
     assert "+0.100 [" in page.split("## Scale", 1)[1]
 
 
-def test_a_contrast_of_a_several_seed_run_reads_the_first_seed_and_says_so(tmp_path):
+def test_paired_contrast_over_seeds_is_the_hierarchical_bootstrap_for_two_drafters():
+    """With training seeds, a contrast of two drafters is hierarchical_bootstrap's difference of their seed
+    means, draw for draw: the seeds' spread is in the interval."""
+    generator = np.random.default_rng(2)
+    ours = [{b: requests(list(1.5 + shift + generator.random(8))) for b in ("gsm8k", "math500")} for shift in (0, 0.3, -0.1)]
+    theirs = [{b: requests(list(1.4 + generator.random(8))) for b in ("gsm8k", "math500")} for _ in range(3)]
+    for metric in ("tau", "speedup"):
+        expected = next(r for r in hierarchical_bootstrap(ours, theirs)
+                        if r["benchmark"] == "avg" and r["metric"] == metric)
+        result = paired_contrast([ours, theirs], [1, -1], metric=metric)
+        assert result["num_seeds"] == 3
+        assert result["value"] == pytest.approx(expected["difference"])
+        assert (result["ci_low"], result["ci_high"]) == pytest.approx((expected["ci_low"], expected["ci_high"]))
+    first_seed = paired_contrast([ours[:1], theirs[:1]], [1, -1])
+    assert first_seed["ci_high"] - first_seed["ci_low"] < result["ci_high"] - result["ci_low"]
+
+
+def test_a_contrast_of_a_several_seed_run_reads_every_seed(tmp_path):
+    """A contrast once read the first training seed's drafters only: here seed 0 puts D-PACE 0.2 above
+    cumulative-only and seed 1 0.2 below, so the claim is inconclusive over both seeds, not reproduced."""
     claim = {**ABOVE_DFLASH, "measure": {"kind": "contrast", "experiment": "ablation", "benchmark": "math500",
                                          "terms": [{"objective": "dpace", "weight": 1},
                                                    {"objective": "dpace-cumulative", "weight": -1}]}}
@@ -628,8 +652,9 @@ def test_a_contrast_of_a_several_seed_run_reads_the_first_seed_and_says_so(tmp_p
     (tmp_path / "metrics").mkdir()
     pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "ablation.csv", index=False)
     [found] = findings.findings([claim], tmp_path)
-    assert found.verdict == REPRODUCED and found.value == pytest.approx(0.2) and found.seeds == 1
-    assert "training seed 0 of 2" in found.note
+    assert found.seeds == 2 and "2 training seeds" in found.note
+    assert found.value == pytest.approx(0.0, abs=1e-12) and found.verdict == INCONCLUSIVE
+    assert found.low < -0.1 and found.high > 0.1  # the seeds disagree by 0.4
 
 
 def test_a_cell_of_too_few_prompts_gets_no_interval_and_decides_nothing(tmp_path):

@@ -189,7 +189,7 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
 
 def _first_seed(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
     """The rows of the lowest training seed, and how many seeds the frame holds (``train.seeds`` > 1 gives
-    each method one variant per seed). Contrasts read one drafter per method: the first seed's, and say so."""
+    each method one variant per seed). The scale gradients read one drafter per method: the first seed's."""
     if "training_seed" not in frame or frame["training_seed"].nunique() < 2:
         return frame, 1
     seeds = frame["training_seed"]
@@ -202,28 +202,40 @@ def _dflash_tau(cell: pd.DataFrame) -> float:
     return float(dflash["tau"].mean()) if dflash["variant"].nunique() == 1 else math.nan
 
 
+def _by_seed(rows: pd.DataFrame) -> pd.DataFrame | None:
+    """One contrast term's drafters, one row per training seed in seed order (``seed_key`` holds the seeds);
+    None when the term picks no drafter or several drafters share a seed (a term that is not one method)."""
+    if rows.empty:
+        return None
+    seed_of = rows["training_seed"] if "training_seed" in rows else pd.Series(0, index=rows.index)
+    rows = rows.assign(seed_key=seed_of.fillna(0)).drop_duplicates("variant")
+    if rows["seed_key"].duplicated().any():
+        return None
+    return rows.sort_values("seed_key").assign(seed_key=lambda r: [tuple(r["seed_key"])] * len(r))
+
+
 def measure_contrast(claim: dict, results: Path) -> list[Finding]:
     m = claim["measure"]
     metrics = read_csv(results, f"{m['experiment']}.csv")
     benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
     rows = metrics if benchmark == "avg" else metrics[metrics["benchmark"] == benchmark]
-    rows, seeds = _first_seed(_filtered(_at_epoch(rows, m.get("epoch")), dict(m.get("where", {}))))
-    seed_note = f"; training seed {rows['training_seed'].iloc[0]:g} of {seeds}" if seeds > 1 else ""
+    rows = _filtered(_at_epoch(rows, m.get("epoch")), dict(m.get("where", {})))
     terms = m["terms"]
     # Cells: every cell column that no term picks itself (Table 4's terms pick their block sizes).
     chosen = {key for term in terms for key in term if key != "weight"}
     cell_keys = [c for c in CELL_COLUMNS if c not in chosen]
     out = []
     for _, cell in rows.groupby(cell_keys, sort=True):
-        picked = [_pick(cell, term) for term in terms]
-        if any(p["variant"].nunique() != 1 for p in picked):
-            continue  # this cell lacks one of the drafters (or holds several): it cannot be contrasted
+        picked = [_by_seed(_pick(cell, term)) for term in terms]
+        if any(p is None for p in picked) or len({tuple(p["seed_key"]) for p in picked}) != 1:
+            continue  # this cell lacks one of the drafters (or their seeds differ): it cannot be contrasted
         benchmarks = None if benchmark == "avg" else [benchmark]
-        drafters = [_requests(results, p.iloc[0], benchmarks) for p in picked]
-        common = sorted(set.intersection(*(set(d) for d in drafters)))
+        drafters = [[_requests(results, row, benchmarks) for _, row in p.iterrows()] for p in picked]
+        common = sorted(set.intersection(*(set(b) for d in drafters for b in d)))
         weights = [float(t.get("weight", 1.0)) for t in terms]
-        result = paired_contrast([{b: d[b] for b in common} for d in drafters], weights,
-                                 metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+        result = paired_contrast([[{b: by_benchmark[b] for b in common} for by_benchmark in d] for d in drafters],
+                                 weights, metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+        seeds = result["num_seeds"]
         label = _cell_label(cell.iloc[0][cell_keys])
         if len(terms) > 1:  # which drafters, with the values that largest/smallest picked
             label += "".join(f", {w:+g} x " + " ".join(
@@ -233,8 +245,8 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
                benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
         out.append(judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
-                           reference_tau=_dflash_tau(cell), num_prompts=int(result["num_prompts"]),
-                           note=f"n={result['num_prompts']} prompts{seed_note}",
+                           reference_tau=_dflash_tau(cell), num_prompts=int(result["num_prompts"]), seeds=seeds,
+                           note=f"n={result['num_prompts']} prompts" + (f", {seeds} training seeds" if seeds > 1 else ""),
                            drafters=f"contrast ({metric})"))
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")

@@ -293,7 +293,7 @@ def hierarchical_bootstrap(
 
 
 def paired_contrast(
-    drafters: Sequence[dict[str, Sequence[dict]]],
+    drafters: Sequence[dict[str, Sequence[dict]] | Sequence[dict[str, Sequence[dict]]]],
     weights: Sequence[float],
     *,
     metric: str = "tau",
@@ -303,44 +303,51 @@ def paired_contrast(
 ) -> dict:
     """A weighted sum of drafters' statistics, averaged over benchmarks, with a paired percentile interval.
 
-    ``drafters[i][benchmark]`` lists drafter i's requests as in :func:`paired_bootstrap`; the contrast is
-    sum_i ``weights[i]`` * statistic_i (one drafter with weight 1: its own value; weights 1, -1: the
-    difference :func:`paired_bootstrap` gives, draw for draw; 1, -1, -1, 1: a difference of two
-    differences). Every drafter is resampled with the same prompt draws and widened as there.
+    ``drafters[i][benchmark]`` lists drafter i's requests as in :func:`paired_bootstrap`, or ``drafters[i]`` is
+    a list of such dicts, one per training seed, as in :func:`hierarchical_bootstrap` with paired seeds (seed j
+    of every drafter shares its training randomness; every drafter has the same number). The contrast is
+    sum_i ``weights[i]`` * (drafter i's statistic, averaged over its seeds): one drafter with weight 1, its own
+    value; weights 1, -1: the difference :func:`hierarchical_bootstrap` gives, draw for draw; 1, -1, -1, 1: a
+    difference of two differences. Every drafter is resampled with the same seed and prompt draws and widened
+    as there.
     """
     if len(drafters) != len(weights) or not drafters:
         raise ValueError(f"{len(drafters)} drafter(s) for {len(weights)} weight(s)")
-    benchmarks = sorted(drafters[0])
-    if any(sorted(d) != benchmarks for d in drafters):
-        raise ValueError(f"benchmarks differ between drafters: {[sorted(d) for d in drafters]}")
+    seeded = [list(d) if isinstance(d, (list, tuple)) else [d] for d in drafters]
+    if len({len(d) for d in seeded}) != 1 or not seeded[0]:
+        raise ValueError(f"paired seeds need as many seeds of each drafter: {[len(d) for d in seeded]}")
+    benchmarks = sorted(seeded[0][0])
+    if any(sorted(by_benchmark) != benchmarks for d in seeded for by_benchmark in d):
+        raise ValueError(f"benchmarks differ between drafters: {[sorted(b) for d in seeded for b in d]}")
     generator = np.random.default_rng(seed)
     tail = (1.0 - level) / 2.0
     w = np.asarray(weights, dtype=float)
+    count = len(seeded[0])
+    seeds = _seed_draws(count, count, True, seed, resamples, tail).ours  # [resamples, seeds], every drafter
+    seed_widen = _seed_widening(count, tail)
     points, resampled, prompts = [], [], 0
     for benchmark in benchmarks:
-        prompt_ids = sorted({str(r["id"]) for r in drafters[0][benchmark]})
-        if any(sorted({str(r["id"]) for r in d[benchmark]}) != prompt_ids for d in drafters):
-            raise ValueError(f"{benchmark}: the drafters were evaluated on different prompts")
-        # The same draws as paired_bootstrap's for this benchmark, shared by every drafter; SR from the
-        # prompts every drafter timed (replayed tau decodes a subset for real), as there.
-        draws = generator.integers(0, len(prompt_ids), size=(resamples, len(prompt_ids)))
-        timed = sorted(set(prompt_ids).intersection(*(_timed_prompts(d[benchmark]) for d in drafters)))
-        if timed != prompt_ids:
-            timed_draws = generator.integers(0, max(len(timed), 1), size=(resamples, len(timed)))
-            if metric == "speedup":
-                prompt_ids, draws = timed, timed_draws
-        sums = np.stack([_prompt_sums(d[benchmark], prompt_ids) for d in drafters])  # [drafters, prompts, 4]
-        point = w @ _statistics(sums)[metric]
-        boot = w @ _statistics(sums[:, draws])[metric]  # [drafters, resamples] -> [resamples]
+        # The same draws as hierarchical_bootstrap's for this benchmark, shared by every seed of every drafter;
+        # SR from the prompts every one of them timed (replayed tau decodes a subset for real), as there.
+        prompt_ids, draws = _prompt_draws(benchmark, [b for d in seeded for b in d], generator, resamples)[metric]
+        sums = np.stack([np.stack([_prompt_sums(b[benchmark], prompt_ids) for b in d]) for d in seeded])
+        point = _statistics(sums)[metric]  # [drafters, seeds]
+        boot = _statistics(sums[:, :, draws])[metric]  # [drafters, seeds, resamples]
+        # Seeds drawn, every prompt kept; then each drawn seed scored on the resample's prompts.
+        seeds_drawn = point[:, seeds].mean(axis=2)  # [drafters, resamples]
+        both_drawn = np.stack([np.take_along_axis(b.T, seeds, axis=1).mean(axis=1) for b in boot])
+        value = w @ point.mean(axis=1)
+        seed_part = seed_widen * (w @ (seeds_drawn - point.mean(axis=1, keepdims=True))) if count > 1 else 0.0
+        prompt_part = w @ (both_drawn - seeds_drawn)
         widen = math.sqrt(len(prompt_ids) / (len(prompt_ids) - 1)) if len(prompt_ids) > 1 else math.nan
-        points.append(point)
-        resampled.append(point + widen * (boot - point))
+        points.append(value)
+        resampled.append(value + seed_part + widen * prompt_part)
         prompts += len(prompt_ids)
     value = float(np.mean(points))
     contrasts = np.mean(resampled, axis=0)
     low, high = np.quantile(contrasts, [tail, 1.0 - tail]) if np.isfinite(contrasts).all() else (math.nan, math.nan)
     return {"value": value, "ci_low": float(low), "ci_high": float(high), "num_prompts": prompts,
-            "resamples": resamples}
+            "resamples": resamples, "num_seeds": count}
 
 
 def _row(benchmark, metric, value, reference, differences, tail, prompts, resamples, split, seed_counts) -> dict:
