@@ -108,3 +108,24 @@ def test_fig_tau_trajectory(tmp_path, metrics):
 def test_figure_missing_experiment_raises(metrics):
     with pytest.raises(ValueError, match="'ablation'"):
         figures.tau_trajectory_figure(metrics[metrics["experiment"] != "ablation"])
+
+
+def suptitle(fig) -> str:
+    return fig._suptitle.get_text() if fig._suptitle is not None else ""
+
+
+def test_a_figure_drawn_from_evaluations_that_skipped_requests_says_so(blocks, metrics):
+    """The tables and the scorecard warn when an evaluation skipped requests past the target's context;
+    the figures drawn from those evaluations do too, and only from those."""
+    assert suptitle(figures.motivation_figure(blocks, metrics)) == ""
+    assert suptitle(figures.tau_trajectory_figure(metrics)) == ""
+    ablation_math500 = (metrics["experiment"] == "ablation") & (metrics["benchmark"] == "math500") \
+        & (metrics["temperature"] == 0.0) & (metrics["objective"] == "dpace")
+    skipped = metrics.assign(skipped_too_long=np.where(ablation_math500, 2, 0))
+    assert suptitle(figures.tau_trajectory_figure(skipped)).startswith(
+        f"WARNING: {2 * ablation_math500.sum()} request(s) past the target's context were skipped")
+    # Figure 1 draws Table 1's experiments only: the ablation's skipped requests are not its points.
+    assert suptitle(figures.motivation_figure(blocks, skipped)) == ""
+    main = metrics["experiment"] == "main"
+    assert suptitle(figures.motivation_figure(blocks, metrics.assign(skipped_too_long=np.where(main, 1, 0)))) \
+        .startswith("WARNING:")

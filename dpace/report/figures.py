@@ -92,6 +92,20 @@ def _panel_tag(ax, tag: str) -> None:
     ax.set_title(f"({tag})", loc="left", fontweight="bold")
 
 
+def _warn_of_skipped_requests(fig: Figure, metrics: pd.DataFrame) -> None:
+    """The tables' and the scorecard's warning, on the figure: a red title when an evaluation it draws
+    skipped requests past the target's context (``skipped_too_long``), as its points then rest on fewer
+    requests than planned."""
+    text = metrics_frame.skipped_requests_text(metrics)
+    if text:
+        fig.suptitle(f"WARNING: {text.split(' ', 1)[0]} request(s) past the target's context were skipped\n"
+                     "(skipped_too_long): these points rest on fewer requests than planned", color="red", fontsize=8)
+
+
+def _at_temperature(metrics: pd.DataFrame, temperature: float) -> pd.DataFrame:
+    return metrics[np.isclose(pd.to_numeric(metrics["temperature"]), temperature)]
+
+
 # --------------------------------------------------------------------------------------------
 # Figure 1: surrogate vs emitted length, and tau gains across configurations
 # --------------------------------------------------------------------------------------------
@@ -178,6 +192,7 @@ def motivation_data(
         "bins": surrogate_bins(sel, n_bins),
         "rho": rho,
         "bars": tau_gain_bars(metrics, experiments=experiments, temperature=temperature, epoch=epoch),
+        "metrics": _at_temperature(metrics[metrics["experiment"].isin(list(experiments))], temperature),
     }
 
 
@@ -217,6 +232,7 @@ def motivation_figure(blocks: pd.DataFrame, metrics: pd.DataFrame, **kwargs) -> 
         ax_b.grid(axis="x", visible=False)
         ax_b.legend(loc="upper left", frameon=False, ncols=2)
         _panel_tag(ax_b, "b")
+        _warn_of_skipped_requests(fig, data["metrics"])
     return fig
 
 
@@ -393,6 +409,7 @@ def tau_trajectory_figure(
         ax.set_xticks(sorted(traj["epoch"].astype(int).unique()))
         ax.legend(frameon=False)
         _panel_tag(ax, "c")
+        _warn_of_skipped_requests(fig, _at_temperature(metrics[metrics["benchmark"] == benchmark], temperature))
     return fig
 
 
