@@ -203,7 +203,7 @@ def _dflash_tau(cell: pd.DataFrame) -> float:
 
 
 def _by_seed(rows: pd.DataFrame) -> pd.DataFrame | None:
-    """One contrast term's drafters, one row per training seed in seed order (``seed_key`` holds the seeds);
+    """One contrast term's drafters, one row per training seed in seed order (``seed_key``: the row's seed);
     None when the term picks no drafter or several drafters share a seed (a term that is not one method)."""
     if rows.empty:
         return None
@@ -211,7 +211,7 @@ def _by_seed(rows: pd.DataFrame) -> pd.DataFrame | None:
     rows = rows.assign(seed_key=seed_of.fillna(0)).drop_duplicates("variant")
     if rows["seed_key"].duplicated().any():
         return None
-    return rows.sort_values("seed_key").assign(seed_key=lambda r: [tuple(r["seed_key"])] * len(r))
+    return rows.sort_values("seed_key")
 
 
 def measure_contrast(claim: dict, results: Path) -> list[Finding]:
