@@ -177,14 +177,16 @@ def _seed_draws(ours_seeds: int, theirs_seeds: int, paired: bool, seed: int, res
     return _SeedDraws(ours, theirs, _seed_widening(ours_seeds, tail), _seed_widening(theirs_seeds, tail))
 
 
-def _common_benchmarks(requests: Sequence[dict], reference_requests: Sequence[dict], paired_seeds: bool) -> list[str]:
-    """The benchmarks every seed of both drafters answered; drafters that cannot be compared are refused."""
-    if not requests or not reference_requests:
+def _common_benchmarks(drafters: Sequence[Sequence[dict]], paired_seeds: bool) -> list[str]:
+    """The benchmarks every seed of every drafter answered (``drafters[i]``: drafter i's requests by benchmark,
+    one dict per training seed); drafters that cannot be compared are refused."""
+    if any(not seeds for seeds in drafters):
         raise ValueError("each drafter needs at least one training seed")
-    if paired_seeds and len(requests) != len(reference_requests):
-        raise ValueError(f"paired seeds need as many seeds of each drafter: {len(requests)} vs {len(reference_requests)}")
-    benchmarks = set(requests[0])
-    for by_benchmark in (*requests, *reference_requests):
+    if paired_seeds and len({len(seeds) for seeds in drafters}) > 1:
+        raise ValueError("paired seeds need as many seeds of each drafter: "
+                         + " vs ".join(str(len(seeds)) for seeds in drafters))
+    benchmarks = set(drafters[0][0])
+    for by_benchmark in (b for seeds in drafters for b in seeds):
         if set(by_benchmark) != benchmarks:
             raise ValueError(f"benchmarks differ: {sorted(benchmarks)} vs {sorted(by_benchmark)}")
     return sorted(benchmarks)
@@ -258,7 +260,7 @@ def hierarchical_bootstrap(
     the interaction once in each part makes the interval a little conservative (``variance_components``
     gives the split without that).
     """
-    benchmarks = _common_benchmarks(requests, reference_requests, paired_seeds)
+    benchmarks = _common_benchmarks([requests, reference_requests], paired_seeds)
     generator = np.random.default_rng(seed)  # prompts, one benchmark after another
     tail = (1.0 - level) / 2.0
     seeds = _seed_draws(len(requests), len(reference_requests), paired_seeds, seed, resamples, tail)
@@ -314,17 +316,13 @@ def paired_contrast(
     if len(drafters) != len(weights) or not drafters:
         raise ValueError(f"{len(drafters)} drafter(s) for {len(weights)} weight(s)")
     seeded = [list(d) if isinstance(d, (list, tuple)) else [d] for d in drafters]
-    if len({len(d) for d in seeded}) != 1 or not seeded[0]:
-        raise ValueError(f"paired seeds need as many seeds of each drafter: {[len(d) for d in seeded]}")
-    benchmarks = sorted(seeded[0][0])
-    if any(sorted(by_benchmark) != benchmarks for d in seeded for by_benchmark in d):
-        raise ValueError(f"benchmarks differ between drafters: {[sorted(b) for d in seeded for b in d]}")
+    benchmarks = _common_benchmarks(seeded, paired_seeds=True)
     generator = np.random.default_rng(seed)
     tail = (1.0 - level) / 2.0
     w = np.asarray(weights, dtype=float)
     count = len(seeded[0])
-    seeds = _seed_draws(count, count, True, seed, resamples, tail).ours  # [resamples, seeds], every drafter
-    seed_widen = _seed_widening(count, tail)
+    seed_draws = _seed_draws(count, count, True, seed, resamples, tail)
+    seeds = seed_draws.ours  # [resamples, seeds], the same draws for every drafter (paired)
     points, resampled, prompts = [], [], 0
     for benchmark in benchmarks:
         # The same draws as hierarchical_bootstrap's for this benchmark, shared by every seed of every drafter;
@@ -337,7 +335,7 @@ def paired_contrast(
         seeds_drawn = point[:, seeds].mean(axis=2)  # [drafters, resamples]
         both_drawn = np.stack([np.take_along_axis(b.T, seeds, axis=1).mean(axis=1) for b in boot])
         value = w @ point.mean(axis=1)
-        seed_part = seed_widen * (w @ (seeds_drawn - point.mean(axis=1, keepdims=True))) if count > 1 else 0.0
+        seed_part = seed_draws.ours_widen * (w @ (seeds_drawn - point.mean(axis=1, keepdims=True)))  # 0: one seed
         prompt_part = w @ (both_drawn - seeds_drawn)
         widen = math.sqrt(len(prompt_ids) / (len(prompt_ids) - 1)) if len(prompt_ids) > 1 else math.nan
         points.append(value)
