@@ -80,6 +80,9 @@ def table(comparisons: pd.DataFrame, temperature: float, metrics: pd.DataFrame |
     source = metrics if metrics is not None else cells
     references = list(dict.fromkeys(cells["reference_variant"]))
     reference_suffix = _distinguishing({r: _settings(source, r) for r in references})
+    suffix = {}  # each drafter against every other drafter of its objective
+    for _, drafters in cells.groupby("objective"):
+        suffix.update(_distinguishing({v: _settings(source, v) for v in dict.fromkeys(drafters["variant"])}))
     for reference in references:
         group = cells[cells["reference_variant"] == reference]
         reference_tau, reference_sr = (group[group["metric"] == metric].iloc[0]["reference_value"]
@@ -89,8 +92,6 @@ def table(comparisons: pd.DataFrame, temperature: float, metrics: pd.DataFrame |
                                        + ([""] if has_seeds else [])) + " |")
         for objective in sort_objectives(group["objective"]):
             variants = list(dict.fromkeys(group.loc[group["objective"] == objective, "variant"]))
-            suffix = _distinguishing({v: _settings(source, v) for v in  # against every drafter of the objective
-                                      dict.fromkeys(cells.loc[cells["objective"] == objective, "variant"])})
             k = None if metrics is None else k_of(metrics, objective)
             for variant in variants:
                 compared = group[(group["objective"] == objective) & (group["variant"] == variant)]

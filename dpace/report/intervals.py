@@ -200,7 +200,7 @@ def _prompt_draws(
     prompt_ids = sorted({str(r["id"]) for r in drafters[0][benchmark]})
     for by_benchmark in drafters:
         if sorted({str(r["id"]) for r in by_benchmark[benchmark]}) != prompt_ids:
-            raise ValueError(f"{benchmark}: the two drafters were evaluated on different prompts")
+            raise ValueError(f"{benchmark}: the drafters were evaluated on different prompts")
     # tau comes from every prompt; SR only from the prompts whose every request was timed (replayed
     # tau decodes a subset for real), resampled among themselves, paired too.
     timed = sorted(set(prompt_ids).intersection(*(_timed_prompts(d[benchmark]) for d in drafters)))
