@@ -96,9 +96,9 @@ def _warn_of_skipped_requests(fig: Figure, metrics: pd.DataFrame) -> None:
     """The tables' and the scorecard's warning, on the figure: a red title when an evaluation it draws
     skipped requests past the target's context (``skipped_too_long``), as its points then rest on fewer
     requests than planned."""
-    text = metrics_frame.skipped_requests_text(metrics)
-    if text:
-        fig.suptitle(f"WARNING: {text.split(' ', 1)[0]} request(s) past the target's context were skipped\n"
+    skipped = metrics_frame.skipped_evaluations(metrics)
+    if not skipped.empty:
+        fig.suptitle(f"WARNING: {int(skipped['skipped_too_long'].sum())} request(s) past the target's context were skipped\n"
                      "(skipped_too_long): these points rest on fewer requests than planned", color="red", fontsize=8)
 
 

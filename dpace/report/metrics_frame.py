@@ -169,14 +169,19 @@ def mean_over_seeds(metrics: pd.DataFrame) -> pd.DataFrame:
 EVALUATION_CELL: tuple[str, ...] = ("target", "variant", "epoch", "suite", "benchmark", "temperature")
 
 
-def skipped_requests_text(metrics: pd.DataFrame) -> str:
-    """One line naming the evaluations that skipped requests past the target's context
-    (``skipped_too_long``, counted by ``dpace.evaluation``): their tau and SR come from fewer requests than
-    planned. Empty when none did, or when the metrics predate the count."""
+def skipped_evaluations(metrics: pd.DataFrame) -> pd.DataFrame:
+    """The evaluations (one row each) that skipped requests past the target's context (``skipped_too_long``,
+    counted by ``dpace.evaluation``); none when the metrics predate the count."""
     if "skipped_too_long" not in metrics.columns:
-        return ""
+        return metrics.iloc[0:0]
     counts = pd.to_numeric(metrics["skipped_too_long"], errors="coerce").fillna(0)
-    skipped = metrics[counts > 0].drop_duplicates([k for k in EVALUATION_CELL if k in metrics.columns])
+    return metrics[counts > 0].drop_duplicates([k for k in EVALUATION_CELL if k in metrics.columns])
+
+
+def skipped_requests_text(metrics: pd.DataFrame) -> str:
+    """One line naming the evaluations that skipped requests past the target's context: their tau and SR
+    come from fewer requests than planned. Empty when none did, or when the metrics predate the count."""
+    skipped = skipped_evaluations(metrics)
     if skipped.empty:
         return ""
     cells = "; ".join(f"{r.variant} epoch {r.epoch} {r.benchmark} T={float(r.temperature):g}: {int(r.skipped_too_long)}"
