@@ -12,7 +12,7 @@ import torch
 
 from dpace.evaluation.eval_config import EvalConfig
 from dpace.evaluation.eval_records import Request, prompt_checksum
-from dpace.io import read_partial_jsonl
+from dpace.io import atomic_file, read_partial_jsonl
 
 
 def feature_key(record: dict, turn: int) -> str:
@@ -20,11 +20,8 @@ def feature_key(record: dict, turn: int) -> str:
 
 
 def atomic_save_torch(path, value) -> None:
-    path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = path.with_name(path.name + ".tmp")
-    torch.save(value, tmp)
-    tmp.replace(path)
+    with atomic_file(path) as tmp:
+        torch.save(value, tmp)
 
 
 def _check_made(records, records_path, **made) -> None:
