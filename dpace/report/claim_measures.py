@@ -175,16 +175,29 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
     for _, row in rows.sort_values([*CELL_COLUMNS, "benchmark", "variant"]).iterrows():
         reference_tau = dflash_tau.get(tuple(row[cell_of]), math.nan)
         seeds = int(row["num_seeds"]) if "num_seeds" in row and pd.notna(row["num_seeds"]) else 1
+        note = f"n={int(row['num_prompts'])} prompts"
+        # SR of an interleaved timing job (dpace.report.timing): repeats too, and whether a second one agrees
+        repeats = row.get("num_repeats")
+        if repeats is not None and pd.notna(repeats):
+            note += f" x {int(repeats)} repeats; " + str(row.get("timing_note", ""))
+        measurable = not _unstable(row.get("timing_stable"))
         out.append(judged(
             claim, _cell_label(row, label_extra), comparison_estimate(row, scale_of(claim), reference_tau),
             (float(row["difference"]), float(row["ci_low"]), float(row["ci_high"])),
             _row_attrs(row, (*CELL_COLUMNS, "benchmark", *where)),
             key=("comparison", *(row[c] for c in ("target", "variant", "reference_variant", "metric", "benchmark",
                                                    "temperature", "epoch", "suite"))),
-            reference_tau=reference_tau, seeds=seeds, num_prompts=int(row["num_prompts"]),
-            note=f"n={int(row['num_prompts'])} prompts",
+            reference_tau=reference_tau, seeds=seeds, num_prompts=int(row["num_prompts"]), measurable=measurable,
+            note=note,
             drafters=f"{row['objective']} - dflash ({row['metric']})"))
     return out
+
+
+def _unstable(flag) -> bool:
+    """A comparisons row's ``timing_stable`` as read back from CSV (True/False, "True"/"False", or empty)."""
+    if flag is None or (isinstance(flag, float) and math.isnan(flag)):
+        return False
+    return str(flag).strip().lower() in ("false", "0")
 
 
 def _first_seed(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:

@@ -39,3 +39,155 @@ def ratio_of_means(
     tail = (1.0 - level) / 2.0
     low, high = np.quantile(ours_boot / theirs_boot - 1.0, [tail, 1.0 - tail])
     return point, float(low), float(high)
+
+
+# --- SR from an interleaved timing job (dpace.evaluation.timing_run) -------------------------------------------
+#
+# A timing job decodes each prompt with the target alone and with every compared drafter, one after another, and
+# repeats the whole pass several times. Within a repeat the drafters share the machine's state prompt by prompt;
+# between repeats the machine may change. The SR interval therefore resamples prompts (within each benchmark) *and*
+# repeats: a second timing job, which sees other repeats, should land inside it. Whether it would is checked too
+# (``timing_stability``): where the two halves of the repeats disagree beyond their own intervals, or one drafter's
+# SR moves between repeats by more than ``max_spread``, the machine does not give a timing that repeats, and the
+# comparison is "not measurable on this machine" rather than judged.
+
+AUTOREGRESSIVE = "autoregressive"  # the drafter column's value for the target decoding alone
+TIMING_COLUMNS = ["target", "temperature", "benchmark", "prompt_index", "id", "turn", "repeat", "position", "drafter",
+                  "num_output_tokens", "decode_time_s", "time_per_output_token_s"]
+MAX_REPEAT_SPREAD = 0.10  # the largest relative std of a drafter's per-repeat SR that still counts as repeatable
+
+
+def _tpot_tables(times, drafters: Sequence[str]) -> dict[str, tuple[np.ndarray, np.ndarray, list[str]]]:
+    """Per benchmark: (AR [repeats, prompts], speculative [drafters, repeats, prompts], prompt ids) of summed
+    time per output token over each prompt's turns (SR is a ratio of mean TPOTs over the same requests)."""
+    repeats = sorted(times["repeat"].unique())
+    out = {}
+    for benchmark, rows in times.groupby("benchmark", sort=True):
+        rows = rows.assign(id=rows["id"].astype(str))
+        prompts = sorted(rows["id"].unique())
+        sums = rows.pivot_table(index=["drafter", "repeat"], columns="id", values="time_per_output_token_s",
+                                aggfunc="sum")
+
+        missing = {AUTOREGRESSIVE, *drafters} - set(sums.index.get_level_values(0))
+        if missing:
+            raise ValueError(f"no times of {sorted(missing)} on {benchmark}")
+        tables = [sums.loc[d].reindex(index=repeats, columns=prompts).to_numpy(float) for d in (AUTOREGRESSIVE, *drafters)]
+        out[benchmark] = (tables[0], np.stack(tables[1:]), prompts)
+    return out
+
+
+def _sr(ar: np.ndarray, spec: np.ndarray) -> np.ndarray:
+    """SR = sum AR TPOT / sum speculative TPOT over the last two axes (repeats, prompts)."""
+    return ar.sum(axis=(-2, -1)) / spec.sum(axis=(-2, -1))
+
+
+def _draws(tables: dict, repeats: int, resamples: int, generator) -> tuple[np.ndarray, list[np.ndarray]]:
+    """One repeat draw shared by every benchmark (a slow machine state slows all of them) and one prompt draw per
+    benchmark, [1 + resamples, n] each; row 0 is the data itself (the point estimate)."""
+    def draw(n: int) -> np.ndarray:
+        return np.vstack([np.arange(n)[None, :], generator.integers(0, n, (resamples, n))])
+    return draw(repeats), [draw(len(prompts)) for _, _, prompts in tables.values()]
+
+
+def _resampled_sr(tables: dict, resamples: int, seed: int) -> dict[str, np.ndarray]:
+    """Per benchmark and "avg": SR of every drafter, [1 + resamples, drafters]; row 0 is the point estimate."""
+    generator = np.random.default_rng(seed)
+    repeats = next(iter(tables.values()))[0].shape[0]
+    repeat_draws, prompt_draws = _draws(tables, repeats, resamples, generator)
+    out = {}
+    for (benchmark, (ar, spec, _)), prompts in zip(tables.items(), prompt_draws, strict=True):
+        r, p = repeat_draws[:, :, None], prompts[:, None, :]
+        ar_sum = ar[r, p].sum(axis=(1, 2))  # [draws]
+        spec_sum = spec[:, r, p].sum(axis=(2, 3))  # [drafters, draws]
+        out[benchmark] = (ar_sum[None, :] / spec_sum).T
+    out["avg"] = np.mean([out[b] for b in tables], axis=0)
+    return out
+
+
+def _interval(values: np.ndarray, level: float) -> tuple[float, float]:
+    tail = (1.0 - level) / 2.0
+    if not np.isfinite(values).all():
+        return math.nan, math.nan
+    low, high = np.quantile(values, [tail, 1.0 - tail])
+    return float(low), float(high)
+
+
+def timing_stability(times, drafter: str, reference: str, *, resamples: int = 2000, seed: int = 0,
+                     level: float = 0.95, max_spread: float = MAX_REPEAT_SPREAD) -> dict:
+    """Whether the average SR difference ``drafter`` - ``reference`` repeats on this machine: the first and the
+    second half of the repeats each give it with an interval (prompts and that half's repeats resampled), and
+    each drafter's per-repeat SR has a relative spread (std / mean over repeats). Stable: the halves' intervals
+    overlap and neither spread exceeds ``max_spread``; fewer than 2 repeats: not stable (nothing to check)."""
+    repeats = np.array(sorted(times["repeat"].unique()))
+    tables = _tpot_tables(times, [drafter, reference])
+    per_repeat = np.array([[np.mean([_sr(ar[[i]], spec[d][[i]]) for ar, spec, _ in tables.values()])
+                            for i in range(len(repeats))] for d in range(2)])
+    spread = float(np.max(per_repeat.std(axis=1, ddof=1) / per_repeat.mean(axis=1))) if len(repeats) > 1 else math.nan
+    halves = []
+    if len(repeats) > 1:
+        half = len(repeats) // 2
+        for indices in (np.arange(half), np.arange(half, len(repeats))):
+            sub = {b: (ar[indices], spec[:, indices], prompts) for b, (ar, spec, prompts) in tables.items()}
+            srs = _resampled_sr(sub, resamples, seed)["avg"]
+            differences = srs[:, 0] - srs[:, 1]
+            halves.append((float(differences[0]), *_interval(differences[1:], level)))
+    overlap = len(halves) == 2 and all(np.isfinite(h).all() for h in halves) and \
+        halves[0][1] <= halves[1][2] and halves[1][1] <= halves[0][2]
+    stable = bool(overlap and np.isfinite(spread) and spread <= max_spread)
+    if len(repeats) < 2:
+        reason = "fewer than 2 repeats: no second measurement to agree with"
+    elif not overlap:
+        reason = "the two halves of the repeats disagree beyond their intervals"
+    elif not spread <= max_spread:
+        reason = f"a drafter's SR moves by {100 * spread:.1f}% between repeats (more than {100 * max_spread:.0f}%)"
+    else:
+        reason = ""
+    return {"stable": stable, "repeat_spread": spread, "halves": halves, "reason": reason,
+            "num_repeats": int(len(repeats))}
+
+
+def stability_note(check: dict) -> str:
+    """The stability check in words: the halves' differences with their intervals, and the repeat spread."""
+    halves = "; ".join(f"{v:+.3f} [{lo:+.3f}, {hi:+.3f}]" for v, lo, hi in check["halves"]) or "none"
+    spread = f"{100 * check['repeat_spread']:.1f}%" if np.isfinite(check["repeat_spread"]) else "--"
+    text = f"{check['num_repeats']} repeats; halves {halves}; repeat spread {spread}"
+    return f"{check['reason']} ({text})" if check["reason"] else text
+
+
+def interleaved_comparisons(times, reference: str, *, resamples: int = 2000, seed: int = 0, level: float = 0.95,
+                            max_spread: float = MAX_REPEAT_SPREAD) -> list[dict]:
+    """Every drafter of one (target, temperature) timing cell against ``reference``: per benchmark and "avg", SR,
+    the reference's SR, the difference and its interval over prompts and repeats (``_resampled_sr``), with the
+    stability check of the average (``timing_stability``) on every row of the drafter."""
+    drafters = sorted(d for d in times["drafter"].unique() if d not in (AUTOREGRESSIVE, reference))
+    tables = _tpot_tables(times, [reference, *drafters])
+    srs = _resampled_sr(tables, resamples, seed)
+    rows = []
+    for i, drafter in enumerate(drafters, start=1):
+        check = timing_stability(times, drafter, reference, resamples=resamples, seed=seed, level=level,
+                                 max_spread=max_spread)
+        for benchmark, values in srs.items():
+            differences = values[:, i] - values[:, 0]
+            low, high = _interval(differences[1:], level)
+            prompts = sum(len(t[2]) for t in tables.values()) if benchmark == "avg" else len(tables[benchmark][2])
+            value, ref = float(values[0, i]), float(values[0, 0])
+            rows.append({"variant": drafter, "reference_variant": reference, "metric": "speedup", "benchmark": benchmark,
+                         "value": value, "reference_value": ref, "difference": value - ref,
+                         "relative_difference": (value - ref) / ref, "ci_low": low, "ci_high": high,
+                         "significant": bool(low > 0 or high < 0), "num_prompts": int(prompts),
+                         "resamples": int(resamples), "num_repeats": check["num_repeats"],
+                         "timing_stable": check["stable"], "repeat_spread": check["repeat_spread"],
+                         "timing_note": stability_note(check)})
+    return rows
+
+
+def interleaved_speedups(times) -> list[dict]:
+    """Per (drafter, benchmark): SR pooled over every repeat and prompt, and the mean TPOTs it divides."""
+    rows = []
+    for benchmark, group in times.groupby("benchmark", sort=True):
+        ar = group[group["drafter"] == AUTOREGRESSIVE]["time_per_output_token_s"]
+        for drafter, spec in group[group["drafter"] != AUTOREGRESSIVE].groupby("drafter", sort=True):
+            tpot = spec["time_per_output_token_s"]
+            rows.append({"variant": drafter, "benchmark": benchmark, "speedup": float(ar.mean() / tpot.mean()),
+                         "ar_tpot_s": float(ar.mean()), "spec_tpot_s": float(tpot.mean())})
+    return rows

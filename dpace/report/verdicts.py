@@ -2,7 +2,8 @@
 
 A cell is *reproduced* when its 95% interval lies inside the claimed region, *contradicted* when outside; a
 claim is *reproduced* only if every cell the paper reported is, *contradicted* if any such cell is
-(Holm-corrected over the claim's cells), else *inconclusive*; *not run* when its artifacts are missing. Cells
+(Holm-corrected over the claim's cells), else *inconclusive*; *not run* when its artifacts are missing; *not
+measurable on this machine* when a cell is a timing that a second measurement on this machine would not repeat. Cells
 at a setting the paper never reported are *beyond the paper*: shown, not counted. ``dpace.report.findings``
 says how the claims file writes these; ``dpace.report.claim_measures`` measures the cells.
 """
@@ -19,7 +20,9 @@ from scipy import stats
 
 REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN = "reproduced", "contradicted", "inconclusive", "not run"
 BEYOND = "beyond the paper"
-VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_RUN)
+# A timing this machine cannot repeat (``dpace.report.timing.timing_stability``): measured, never judged.
+NOT_MEASURABLE = "not measurable on this machine"
+VERDICTS = (REPRODUCED, CONTRADICTED, INCONCLUSIVE, NOT_MEASURABLE, NOT_RUN)
 LEVEL = 0.95
 # A run cell matches a paper cell at the same temperature, epoch and alpha; block size and depth: the nearest.
 EXACT_KEYS, NEAREST_KEYS = ("temperature", "epoch", "alpha"), ("block_size", "depth")
@@ -185,14 +188,17 @@ MIN_INTERVAL_PROMPTS = 5
 
 
 def judged(claim: dict, cell: str, estimate: tuple, raw: tuple, attrs: dict, *, num_prompts: int | None = None,
-           **extra) -> Finding:
+           measurable: bool = True, **extra) -> Finding:
     """A measured cell in the claim's unit, matched to its paper cell and judged against its region (without an
-    interval when it rests on fewer than ``MIN_INTERVAL_PROMPTS`` prompts)."""
+    interval when it rests on fewer than ``MIN_INTERVAL_PROMPTS`` prompts). ``measurable`` False: a timing that
+    does not repeat on this machine, shown with its value and never judged (``NOT_MEASURABLE``)."""
     if num_prompts is not None and num_prompts < MIN_INTERVAL_PROMPTS:
         estimate, raw = (estimate[0], math.nan, math.nan), (raw[0], math.nan, math.nan)
     paper = match_paper_cell(claim, attrs)
     region = Region.of(claim["verdict"], paper_value(claim, paper) if paper else math.nan)
     cell_verdict = verdict(estimate[1], estimate[2], region) if paper is not None else BEYOND
+    if not measurable and paper is not None:
+        cell_verdict = NOT_MEASURABLE
     return Finding(claim, cell_verdict, cell, *estimate, attrs=attrs, raw=raw, paper_cell=paper, **extra)
 
 
@@ -231,7 +237,7 @@ def holm_contradicted(pvalues: Sequence[float], alpha: float = (1.0 - LEVEL) / 2
 
 def claim_verdict(cells: Sequence[Finding]) -> str:
     """One claim's verdict from its cells: reproduced only if every cell the paper reported is, contradicted
-    if any is (Holm over those cells), else inconclusive. Not run: no cell measured; beyond the paper: no
+    if any is (Holm over those cells), else inconclusive; not measurable on this machine if any cell is. Not run: no cell measured; beyond the paper: no
     measured cell at a setting the paper reported."""
     measured = [f for f in cells if f.verdict != NOT_RUN]
     if not measured:
@@ -239,6 +245,8 @@ def claim_verdict(cells: Sequence[Finding]) -> str:
     scoped = [f for f in measured if f.paper_cell is not None]
     if not scoped:
         return BEYOND
+    if any(f.verdict == NOT_MEASURABLE for f in scoped):
+        return NOT_MEASURABLE  # a timing this machine cannot repeat decides nothing, whatever the other cells say
     if any(holm_contradicted([p_outside(f.value, f.low, f.high, region_of(f)) for f in scoped])):
         return CONTRADICTED
     if all(f.verdict == REPRODUCED for f in scoped):

@@ -1,0 +1,118 @@
+"""SR from an interleaved timing job (dpace.report.timing): intervals over prompts and repeats, and the check that
+says "not measurable on this machine" where a second measurement would not agree."""
+
+from __future__ import annotations
+
+import numpy as np
+import pandas as pd
+import pytest
+
+from dpace.report.timing import (
+    AUTOREGRESSIVE,
+    interleaved_comparisons,
+    interleaved_speedups,
+    timing_stability,
+)
+
+
+def constructed_times(*, repeats=4, prompts=6, benchmarks=("gsm8k", "math500"), speed=None, noise=0.02, seed=0):
+    """Per (repeat, prompt, drafter) TPOTs: the target alone 10 ms, DFlash 8 ms, D-PACE 7.6 ms (SR 1.25 and 1.316),
+    times a prompt effect shared by all three, a machine-speed factor per repeat ``speed(repeat, drafter)``, and
+    independent noise."""
+    generator = np.random.default_rng(seed)
+    base = {AUTOREGRESSIVE: 0.010, "dflash-v": 0.008, "dpace-v": 0.0076}
+    rows = []
+    for benchmark in benchmarks:
+        effects = generator.uniform(0.7, 1.3, prompts)
+        for repeat in range(repeats):
+            for p in range(prompts):
+                for position, (drafter, tpot) in enumerate(base.items()):
+                    factor = speed(repeat, drafter) if speed else 1.0
+                    value = tpot * effects[p] * factor * (1 + noise * generator.standard_normal())
+                    rows.append({"target": "tiny", "temperature": 0.0, "benchmark": benchmark, "prompt_index": p,
+                                 "id": f"{benchmark}-{p}", "turn": 0, "repeat": repeat, "position": position,
+                                 "drafter": drafter, "num_output_tokens": 10, "decode_time_s": 10 * value,
+                                 "time_per_output_token_s": value})
+    return pd.DataFrame(rows)
+
+
+def _avg(rows, drafter="dpace-v"):
+    return next(r for r in rows if r["variant"] == drafter and r["benchmark"] == "avg")
+
+
+def test_a_stable_timing_is_judged_and_its_interval_covers_the_truth():
+    rows = interleaved_comparisons(constructed_times(), "dflash-v", resamples=500)
+    avg = _avg(rows)
+    assert avg["timing_stable"], avg["timing_note"]
+    truth = 0.010 / 0.0076 - 0.010 / 0.008
+    assert avg["ci_low"] <= truth <= avg["ci_high"]
+    assert avg["ci_low"] > 0  # the gain is resolved
+    assert {r["benchmark"] for r in rows} == {"gsm8k", "math500", "avg"}
+    assert all(r["metric"] == "speedup" for r in rows)
+
+
+def test_a_load_that_slows_one_drafter_in_half_the_repeats_is_not_measurable():
+    """The failure the 650f9ba reruns showed: a load that slows one drafter's runs (tests beside the job) moves
+    its SR; the halves of the repeats then disagree, and the comparison is not judged."""
+    slowed = constructed_times(speed=lambda repeat, drafter: 1.4 if repeat >= 2 and drafter == "dflash-v" else 1.0)
+    check = timing_stability(slowed, "dpace-v", "dflash-v", resamples=500)
+    assert not check["stable"]
+    assert "halves" in check["reason"] or "repeats" in check["reason"]
+    assert not _avg(interleaved_comparisons(slowed, "dflash-v", resamples=500))["timing_stable"]
+
+
+def test_a_machine_whose_speed_moves_every_repeat_is_not_measurable():
+    jumpy = constructed_times(noise=0.25, seed=3)
+    check = timing_stability(jumpy, "dpace-v", "dflash-v", resamples=500)
+    assert not check["stable"] and check["repeat_spread"] > 0.10
+
+
+def test_a_load_that_slows_everything_alike_cancels():
+    """Interleaving per prompt: a machine-wide slowdown in some repeats slows the target and both drafters."""
+    loaded = constructed_times(speed=lambda repeat, drafter: 1.5 if repeat % 2 else 1.0)
+    assert timing_stability(loaded, "dpace-v", "dflash-v", resamples=500)["stable"]
+
+
+def test_one_repeat_is_never_judged():
+    check = timing_stability(constructed_times(repeats=1), "dpace-v", "dflash-v", resamples=200)
+    assert not check["stable"] and "fewer than 2 repeats" in check["reason"]
+
+
+def test_pooled_speedups():
+    rows = interleaved_speedups(constructed_times(noise=0.0))
+    dflash = [r for r in rows if r["variant"] == "dflash-v"]
+    assert len(dflash) == 2 and all(r["speedup"] == pytest.approx(1.25) for r in dflash)
+
+
+def _comparisons_csv(tmp_path, rows):
+    """results/metrics/main_comparisons.csv with the SR rows of a timing job and the tau rows evaluations give."""
+    cell = {"target": "tiny", "experiment": "main", "epoch": 2, "suite": "full", "temperature": 0.0, "depth": 1,
+            "block_size": 4}
+    frame = [{**cell, **row, "objective": row["variant"].split("-")[0]} for row in rows]
+    frame += [{**cell, "variant": "dpace-v", "objective": "dpace", "reference_variant": "dflash-v", "metric": "tau",
+               "benchmark": b, "value": 1.5, "reference_value": 1.4, "difference": 0.1, "relative_difference": 0.07,
+               "ci_low": 0.05, "ci_high": 0.15, "significant": True, "num_prompts": 12}
+              for b in ("avg", "gsm8k", "math500")]
+    (tmp_path / "metrics").mkdir(exist_ok=True)
+    pd.DataFrame(frame).to_csv(tmp_path / "metrics" / "main_comparisons.csv", index=False)
+
+
+SPEEDUP_CLAIM = {"id": "sr", "measure": {"kind": "comparison", "experiment": "main", "objective": "dpace",
+                                          "metric": "speedup"},
+                 "verdict": {"above": 0, "scale": "relative"}, "paper_cells": [{"temperature": 0, "value": 0.09}]}
+
+
+@pytest.mark.parametrize("unstable", [False, True])
+def test_the_scorecard_judges_a_stable_timing_and_not_an_unstable_one(tmp_path, unstable):
+    from dpace.report.claim_measures import measure_comparison
+    from dpace.report.verdicts import NOT_MEASURABLE, REPRODUCED, claim_verdict
+
+    speed = (lambda repeat, drafter: 1.4 if repeat >= 2 and drafter == "dflash-v" else 1.0) if unstable else None
+    _comparisons_csv(tmp_path, interleaved_comparisons(constructed_times(speed=speed), "dflash-v", resamples=500))
+    cells = measure_comparison(SPEEDUP_CLAIM, tmp_path)
+    assert len(cells) == 1
+    if unstable:
+        assert cells[0].verdict == NOT_MEASURABLE and claim_verdict(cells) == NOT_MEASURABLE
+        assert "repeat spread" in cells[0].note  # the measured spread is printed, never a verdict
+    else:
+        assert cells[0].verdict == REPRODUCED and claim_verdict(cells) == REPRODUCED
