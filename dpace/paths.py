@@ -13,6 +13,8 @@ DRAFTER_DIR = "drafters/{target}/{variant}"
 DRAFTER_SUMMARY = f"{DRAFTER_DIR}/summary.json"
 BASELINE = "eval/{target}/autoregressive-baseline.jsonl"  # the target decoding alone, once per target
 REFERENCE_FEATURES = "eval/{target}/reference-features.pt"  # its answers' context features, for replayed tau
+# SR of an experiment's drafters on one target, timed together and interleaved (dpace.evaluation.timing_run)
+TIMING = "eval/{target}/timing-{experiment}.csv"
 # One evaluation's summary: rule evaluate's output, what an experiment's metrics ask for (common.smk), and what
 # they parse back (eval_location).
 EVAL_DIR = f"eval/{{target}}/{{variant}}/{EPOCH_DIR}/{{suite}}"

@@ -188,10 +188,11 @@ def test_replayed_evaluation_checks_every_decoded_request(evaluation_setup, tmp_
         decoded = 2 if row["benchmark"] == "gsm8k" else 2  # two prompts, or one prompt of two turns
         assert check["requests_compared"] == decoded and check["failures"] == 0
         assert check["equal"] == decoded  # fp32: not even a near-tie
-        assert row["tau_source"] == "replay" and row["num_timed_requests"] == decoded
-        assert row["speedup"] == pytest.approx(row["ar_tpot_s"] / row["spec_tpot_s"])
+        # the decoded requests are the exactness check only: nothing timed against the target (SR: timing_run)
+        assert row["tau_source"] == "replay" and row["num_timed_requests"] == 0 and row["speedup"] is None
         assert row["num_requests"] == (3 if row["benchmark"] == "gsm8k" else 2)
         assert [r["spec_tpot_s"] is None for r in row["requests"]].count(True) == row["num_requests"] - decoded
+        assert all(r["ar_tpot_s"] is None for r in row["requests"])
     records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert any(b["accepted"] > 0 for r in records for t in r["turns"] for b in t["blocks"])
     assert (tmp_path / "blocks.csv").read_text().count("\n") == 1 + sum(

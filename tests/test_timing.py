@@ -116,3 +116,55 @@ def test_the_scorecard_judges_a_stable_timing_and_not_an_unstable_one(tmp_path, 
         assert "repeat spread" in cells[0].note  # the measured spread is printed, never a verdict
     else:
         assert cells[0].verdict == REPRODUCED and claim_verdict(cells) == REPRODUCED
+
+
+def test_the_metrics_take_sr_from_the_timing_job(tmp_path):
+    """collect.with_timed_speedups: the metrics' SR columns and the comparisons' SR rows come from the timing
+    file; the tau rows are the evaluations' own."""
+    from dpace.report.collect import with_timed_speedups
+    from dpace.report.intervals import COMPARISON_COLUMNS
+
+    times = constructed_times()
+    path = tmp_path / "timing-main.csv"
+    times.to_csv(path, index=False)
+    meta = {("tiny", v): {"variant": v, "objective": v.split("-")[0], "depth": 1, "block_size": 4,
+                          "experiment": "main"} for v in ("dflash-v", "dpace-v")}
+    metrics = pd.DataFrame([{"target": "tiny", "variant": v, "suite": "full", "epoch": 2, "benchmark": b,
+                             "temperature": 0.0, "tau": 1.4, "speedup": None, "ar_tpot_s": None, "spec_tpot_s": None}
+                            for v in ("dflash-v", "dpace-v") for b in ("gsm8k", "math500")])
+    tau_row = dict.fromkeys(COMPARISON_COLUMNS, float("nan")) | {
+        "target": "tiny", "experiment": "main", "epoch": 2, "suite": "full", "temperature": 0.0, "depth": 1,
+        "block_size": 4, "variant": "dpace-v", "objective": "dpace", "reference_variant": "dflash-v",
+        "metric": "tau", "benchmark": "avg", "value": 1.5, "num_prompts": 40}
+    comparisons = pd.DataFrame([tau_row], columns=COMPARISON_COLUMNS)
+    metrics, comparisons = with_timed_speedups(metrics, comparisons, meta, [path])
+    assert metrics.set_index(["variant", "benchmark"])["speedup"].to_dict() == pytest.approx(
+        {(r["variant"], r["benchmark"]): r["speedup"] for r in interleaved_speedups(times)})
+    speedup = comparisons[comparisons["metric"] == "speedup"]
+    assert set(speedup["benchmark"]) == {"gsm8k", "math500", "avg"} and (speedup["objective"] == "dpace").all()
+    assert list(comparisons.columns) == COMPARISON_COLUMNS and (speedup["num_repeats"] == 4).all()
+    assert comparisons[comparisons["metric"] == "tau"]["value"].tolist() == [1.5]
+
+
+@pytest.mark.parametrize("unstable", [False, True])
+def test_an_sr_contrast_reads_the_timing_job(tmp_path, unstable):
+    """A contrast claim on SR (an ordering of two drafters, say) is measured from the timing job's file."""
+    from dpace.report.claim_measures import measure_contrast
+    from dpace.report.verdicts import NOT_MEASURABLE, REPRODUCED
+
+    speed = (lambda repeat, drafter: 1.4 if repeat >= 2 and drafter == "dflash-v" else 1.0) if unstable else None
+    (tmp_path / "eval" / "tiny").mkdir(parents=True)
+    constructed_times(speed=speed).to_csv(tmp_path / "eval" / "tiny" / "timing-main.csv", index=False)
+    (tmp_path / "metrics").mkdir()
+    pd.DataFrame([{"target": "tiny", "variant": v, "objective": v.split("-")[0], "depth": 1, "block_size": 4,
+                   "temperature": 0.0, "epoch": 2, "suite": "full", "benchmark": b, "tau": 1.4, "speedup": 1.0}
+                  for v in ("dflash-v", "dpace-v") for b in ("gsm8k", "math500")]).to_csv(
+        tmp_path / "metrics" / "main.csv", index=False)
+    claim = {"id": "sr-order", "measure": {"kind": "contrast", "experiment": "main", "metric": "speedup",
+                                           "terms": [{"objective": "dpace", "weight": 1},
+                                                     {"objective": "dflash", "weight": -1}]},
+             "verdict": {"above": 0}, "paper_cells": [{"temperature": 0, "value": 0.1}]}
+    [cell] = measure_contrast(claim, tmp_path)
+    assert cell.verdict == (NOT_MEASURABLE if unstable else REPRODUCED), cell.note
+    if not unstable:
+        assert cell.low <= 0.010 / 0.0076 - 0.010 / 0.008 <= cell.high

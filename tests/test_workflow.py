@@ -118,7 +118,8 @@ def test_changing_one_hyperparameter_plans_only_that_variant(smoke_run):
     changed = write_config(workdir, **{"train.objective_hparams": hparams})
     result = snakemake(workdir, changed, "-n", "results/table_main.tex")
     jobs = planned_jobs(result)
-    assert jobs == {"train_drafter": 1, "evaluate": 1, "experiment_metrics": 1, "render_table": 1}
+    # SR: Table 1's timing job times its drafters together, the new one among them
+    assert jobs == {"train_drafter": 1, "evaluate": 1, "speedup_timing": 1, "experiment_metrics": 1, "render_table": 1}
     assert "topk-prefix-k2" in result.stdout
 
 
@@ -220,7 +221,8 @@ def test_a_training_seed_trains_the_drafters_again_on_the_same_answers(smoke_run
     seeded = write_config(workdir, **{"train.seed": SMOKE["seed"] + 1})
     # No new prompts, answers or features: only the drafters, their evaluations and the table.
     assert planned_jobs(snakemake(workdir, seeded, "-n", "results/table_main.tex")) == {
-        "train_drafter": len(main), "evaluate": len(main), "experiment_metrics": 1, "render_table": 1}
+        "train_drafter": len(main), "evaluate": len(main), "speedup_timing": 1, "experiment_metrics": 1,
+        "render_table": 1}
     first = main[0]
     drafters = workdir / "results" / "drafters" / first.target
     before = (drafters / first.id / "steps.jsonl").stat().st_mtime_ns

@@ -273,7 +273,8 @@ class _Decode(_Local):
 
 class _Replay(_Decode):
     """Every turn's steps replayed over the target's answer (``references``); the first
-    ``config.decoded_prompts(T)`` prompts also decoded for real, timed and checked step for step."""
+    ``config.decoded_prompts(T)`` prompts also decoded for real (speculatively only, untimed: SR is the timing
+    job's) and checked step for step."""
 
     def __init__(self, target_json, drafter_dir, config, device, baseline, references: dict, features_path,
                  compare_steps):
@@ -288,9 +289,16 @@ class _Replay(_Decode):
     def session(self, pending):
         self.load()
         if any(self.decodes(request) for request in pending):
-            self.warm_up(pending[0].row["turns"][0], autoregressive=self.baseline is None)
+            self.warm_up(pending[0].row["turns"][0], autoregressive=False)
         self.features = load_features(self.features_path, self.drafter)
         yield
+
+    def _autoregressive_half(self, request, base, turn_index, prompt_ids, run_ar) -> tuple[None, list | None]:
+        """Nothing is timed here (SR: ``dpace.evaluation.timing_run``): the greedy reference of the lossless check
+        is the target's reference answer (batch-1, as decoding's) where the turn's prompt is the reference's."""
+        reference = self.references[baseline_key(*request[:2], request.row)]["turns"][turn_index]
+        same = reference["prompt_fingerprint"] == _prompt_fingerprint(prompt_ids)
+        return None, reference["new_token_ids"] if same and request.temperature == 0 else None
 
     def __call__(self, batch):
         return [self.replay(request) for request in batch]

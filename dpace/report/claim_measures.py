@@ -19,10 +19,18 @@ import pandas as pd
 from scipy import stats
 
 from dpace.io import read_json
-from dpace.paths import EVAL_SUMMARY
+from dpace.paths import EVAL_SUMMARY, TIMING
 from dpace.report.intervals import _prompt_sums, paired_contrast
 from dpace.report.scale import gain_slope
-from dpace.report.timing import ratio_of_means, window_means
+from dpace.report.timing import (
+    AUTOREGRESSIVE,
+    MAX_REPEAT_SPREAD,
+    contrast_stability,
+    ratio_of_means,
+    stability_note,
+    timed_contrast,
+    window_means,
+)
 from dpace.report.verdicts import LEVEL, Finding, NotRun, in_unit, judged, scale_of
 
 RESAMPLES, SEED = 2000, 0
@@ -242,6 +250,9 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         picked = [_by_seed(_pick(cell, term)) for term in terms]
         if any(p is None for p in picked) or len({tuple(p["seed_key"]) for p in picked}) != 1:
             continue  # this cell lacks one of the drafters (or their seeds differ): it cannot be contrasted
+        if metric == "speedup":  # SR is the timing job's (dpace.evaluation.timing_run), not the evaluations'
+            out.append(_timed_contrast(claim, results, cell, cell_keys, picked, benchmark))
+            continue
         benchmarks = None if benchmark == "avg" else [benchmark]
         drafters = [[_requests(results, row, benchmarks) for _, row in p.iterrows()] for p in picked]
         common = sorted(set.intersection(*(set(b) for d in drafters for b in d)))
@@ -264,6 +275,35 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")
     return out
+
+
+def _timed_contrast(claim: dict, results: Path, cell: pd.DataFrame, cell_keys: list, picked: list,
+                    benchmark: str) -> Finding:
+    """A contrast of SR from the experiment's timing job: the weighted sum of the picked drafters' SR (their first
+    training seed), its interval over prompts and repeats, and whether the machine repeats it
+    (``dpace.report.timing.contrast_stability``; not: "not measurable on this machine")."""
+    m, first = claim["measure"], cell.iloc[0]
+    path = results / TIMING.format(target=first["target"], experiment=m["experiment"])
+    if not path.exists() or path.stat().st_size == 0:
+        raise NotRun(f"{path.relative_to(results)} not built (SR is measured by the timing job)")
+    times = pd.read_csv(path)
+    times = times[np.isclose(times["temperature"].astype(float), float(first["temperature"]))]
+    variants = [str(p.iloc[0]["variant"]) for p in picked]
+    weights = [float(t.get("weight", 1.0)) for t in m["terms"]]
+    times = times[times["drafter"].isin({*variants, AUTOREGRESSIVE})]
+    if not set(variants) <= set(times["drafter"]):
+        raise NotRun(f"{path.relative_to(results)} does not time {sorted(set(variants) - set(times['drafter']))}")
+    value, low, high, prompts = timed_contrast(times, variants, weights, benchmark=benchmark, resamples=RESAMPLES,
+                                               seed=SEED, level=LEVEL)
+    check = contrast_stability(times, variants, weights, resamples=RESAMPLES, seed=SEED, level=LEVEL,
+                               max_spread=float(m.get("max_spread", MAX_REPEAT_SPREAD)))
+    estimate = (value, low, high)
+    return judged(claim, _cell_label(first[cell_keys]) + ", " + " ".join(f"{w:+g} x {v}" for v, w in zip(
+        variants, weights, strict=True)), estimate, estimate, _row_attrs(first, cell_keys),
+        key=("contrast", tuple(zip(variants, weights, strict=True)), "speedup", benchmark, first["temperature"]),
+        reference_tau=_dflash_tau(cell), num_prompts=prompts, measurable=check["stable"],
+        note=f"n={prompts} prompts x {check['num_repeats']} repeats (timing job); {stability_note(check)}",
+        drafters="contrast (speedup)")
 
 
 def _dflash_blocks(results: Path) -> tuple[str, pd.DataFrame]:

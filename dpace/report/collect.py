@@ -4,14 +4,17 @@ records, comparisons, training steps and runs); ``dpace.report.render`` draws th
 from __future__ import annotations
 
 import math
+from collections.abc import Sequence
 from pathlib import Path
 
+import numpy as np
 import pandas as pd
 
 from dpace.experiments import ARTIFACTS
 from dpace.io import atomic_write_text, read_json
 from dpace.paths import eval_location
-from dpace.report.intervals import experiment_comparisons
+from dpace.report.intervals import COMPARISON_COLUMNS, experiment_comparisons
+from dpace.report.timing import AUTOREGRESSIVE, interleaved_comparisons, interleaved_speedups
 from dpace.training.training_records import read_steps, read_summary
 
 METRIC_COLUMNS = [
@@ -31,10 +34,15 @@ REPLAY_CHECK_COLUMNS = {"replay_compared": "requests_compared", "replay_equal": 
 
 
 def experiment_metrics(
-    variants: list[dict], summary_paths: list[str]
+    variants: list[dict], summary_paths: list[str], timing_paths: Sequence[str] = (), *,
+    max_repeat_spread: float | None = None,
 ) -> tuple[pd.DataFrame, pd.DataFrame, pd.DataFrame]:
     """One row per (variant, epoch, suite, benchmark, temperature), every per-block record, and the
-    paired bootstrap comparison of every drafter with the experiment's DFlash drafter (``dpace.report.intervals``)."""
+    paired bootstrap comparison of every drafter with the experiment's DFlash drafter (``dpace.report.intervals``).
+
+    ``timing_paths``: the experiment's timing jobs' files (``dpace.evaluation.timing_run``): SR, its TPOTs and
+    the SR comparisons come from them (``with_timed_speedups``), not from the evaluations, which under replayed
+    tau time nothing."""
     meta = {(v["target"], v["variant"]): v for v in variants}
     rows, blocks, requests = [], [], []
     for path in summary_paths:
@@ -80,7 +88,54 @@ def experiment_metrics(
     block_frame = pd.concat(blocks, ignore_index=True) if blocks else pd.DataFrame()
     with_requests = metrics.assign(requests=requests)
     comparisons = experiment_comparisons(with_requests[with_requests["requests"].notna()])
-    return metrics, block_frame, comparisons
+    # SR rows of evaluations that timed nothing (replayed tau) say nothing: left out
+    comparisons = comparisons[(comparisons["metric"] != "speedup") | (comparisons["num_prompts"] > 0)]
+    if timing_paths:
+        metrics, comparisons = with_timed_speedups(metrics, comparisons, meta, timing_paths,
+                                                   max_repeat_spread=max_repeat_spread)
+    return metrics, block_frame, comparisons.reset_index(drop=True)
+
+
+def with_timed_speedups(metrics: pd.DataFrame, comparisons: pd.DataFrame, meta: dict, timing_paths: Sequence[str],
+                        *, max_repeat_spread: float | None = None) -> tuple[pd.DataFrame, pd.DataFrame]:
+    """``metrics`` with SR (``speedup``, ``ar_tpot_s``, ``spec_tpot_s``) of the timed drafters' full-suite rows
+    from the timing files, and ``comparisons`` with their SR rows (metric ``speedup``, every benchmark and
+    ``avg``) from ``dpace.report.timing.interleaved_comparisons``: each drafter against the DFlash drafter of
+    its depth and block size, with intervals over prompts and repeats and the stability check's columns
+    (``num_repeats``, ``timing_stable``, ``repeat_spread``, ``timing_note``)."""
+    spread = {} if max_repeat_spread is None else {"max_repeat_spread": float(max_repeat_spread)}
+    times = pd.concat([pd.read_csv(path) for path in timing_paths], ignore_index=True)
+    metrics, new_rows = metrics.copy(), []
+    for (target, temperature), cell in times.groupby(["target", "temperature"], sort=True):
+        timed = metrics[(metrics["target"] == target) & (metrics["suite"] == "full")
+                        & np.isclose(metrics["temperature"].astype(float), float(temperature))]
+        epochs = timed.groupby("variant")["epoch"].max()
+        for row in interleaved_speedups(cell):
+            at = timed.index[(timed["variant"] == row["variant"]) & (timed["benchmark"] == row["benchmark"])
+                             & (timed["epoch"] == epochs.get(row["variant"]))]
+            metrics.loc[at, ["speedup", "ar_tpot_s", "spec_tpot_s"]] = (row["speedup"], row["ar_tpot_s"],
+                                                                        row["spec_tpot_s"])
+        drafters = [meta[(target, v)] for v in cell["drafter"].unique() if (target, v) in meta]
+        groups = pd.DataFrame(drafters).groupby(["depth", "block_size"], sort=True) if drafters else []
+        for (depth, block_size), group in groups:
+            reference = group[group["objective"] == "dflash"]["variant"]
+            if len(reference) != 1:
+                continue  # no single DFlash drafter to compare with in this cell
+            names = set(group["variant"]) | {AUTOREGRESSIVE}
+            objectives = dict(zip(group["variant"], group["objective"], strict=True))
+            for row in interleaved_comparisons(cell[cell["drafter"].isin(names)], reference.iloc[0], **spread):
+                new_rows.append({"target": target, "experiment": group["experiment"].iloc[0],
+                                 "epoch": epochs.get(row["variant"]), "suite": "full", "temperature": temperature,
+                                 "depth": depth, "block_size": block_size, "objective": objectives[row["variant"]],
+                                 **row})
+    if new_rows:
+        timed_cells = pd.DataFrame(new_rows)[["target", "temperature", "depth", "block_size"]].drop_duplicates()
+        keys = ["target", "temperature", "depth", "block_size"]
+        replaced = comparisons[keys].merge(timed_cells, on=keys, how="left", indicator=True)["_merge"] == "both"
+        comparisons = comparisons[~(replaced.to_numpy() & (comparisons["metric"] == "speedup").to_numpy())
+                                  | (comparisons["suite"] != "full").to_numpy()]
+        comparisons = pd.concat([comparisons, pd.DataFrame(new_rows)], ignore_index=True)[COMPARISON_COLUMNS]
+    return metrics, comparisons
 
 
 def _metrics_files(artifact) -> set[str]:
@@ -110,8 +165,10 @@ def remove_stale_reports(outputs) -> list[Path]:
     return removed
 
 
-def write_experiment_metrics(variants, summary_paths, *, metrics_csv, blocks_csv, comparisons_csv=None) -> None:
-    metrics, blocks, comparisons = experiment_metrics(variants, list(summary_paths))
+def write_experiment_metrics(variants, summary_paths, *, metrics_csv, blocks_csv, comparisons_csv=None, timing_paths=(),
+                             max_repeat_spread=None) -> None:
+    metrics, blocks, comparisons = experiment_metrics(variants, list(summary_paths), list(timing_paths),
+                                                      max_repeat_spread=max_repeat_spread)
     atomic_write_text(metrics_csv, metrics.to_csv(index=False))
     atomic_write_text(blocks_csv, blocks.to_csv(index=False))
     if comparisons_csv is not None:

@@ -37,6 +37,9 @@ COMPARISON_COLUMNS = [
     "reference_variant", "metric", "benchmark", "value", "reference_value", "difference",
     "relative_difference", "ci_low", "ci_high", "significant", "num_prompts", "resamples",
     "num_seeds", "reference_num_seeds", "seed_pairing", "var_prompts", "var_seeds",
+    # SR rows of a timing job (dpace.report.timing.interleaved_comparisons): its repeats, and whether the
+    # machine repeats the timing (False: the scorecard says "not measurable on this machine")
+    "num_repeats", "timing_stable", "repeat_spread", "timing_note",
 ]
 
 

@@ -118,19 +118,36 @@ def timing_stability(times, drafter: str, reference: str, *, resamples: int = 20
     second half of the repeats each give it with an interval (prompts and that half's repeats resampled), and
     each drafter's per-repeat SR has a relative spread (std / mean over repeats). Stable: the halves' intervals
     overlap and neither spread exceeds ``max_spread``; fewer than 2 repeats: not stable (nothing to check)."""
+    return contrast_stability(times, [drafter, reference], [1.0, -1.0], resamples=resamples, seed=seed, level=level,
+                              max_spread=max_spread)
+
+
+def timed_contrast(times, drafters: Sequence[str], weights: Sequence[float], *, benchmark: str = "avg",
+                   resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float, int]:
+    """sum_i weights[i] x SR of ``drafters[i]`` (on ``benchmark``, or averaged over benchmarks) with its interval
+    over prompts and repeats: (value, low, high, prompts)."""
+    tables = _tpot_tables(times, list(drafters))
+    srs = _resampled_sr(tables, resamples, seed)[benchmark] @ np.asarray(weights, dtype=float)
+    prompts = sum(len(t[2]) for t in tables.values()) if benchmark == "avg" else len(tables[benchmark][2])
+    return (float(srs[0]), *_interval(srs[1:], level), prompts)
+
+
+def contrast_stability(times, drafters: Sequence[str], weights: Sequence[float], *, resamples: int = 2000,
+                       seed: int = 0, level: float = 0.95, max_spread: float = MAX_REPEAT_SPREAD) -> dict:
+    """``timing_stability`` of a weighted sum of drafters' average SR (two drafters, +1 and -1: a difference)."""
+    weights = np.asarray(weights, dtype=float)
     repeats = np.array(sorted(times["repeat"].unique()))
-    tables = _tpot_tables(times, [drafter, reference])
+    tables = _tpot_tables(times, list(drafters))
     per_repeat = np.array([[np.mean([_sr(ar[[i]], spec[d][[i]]) for ar, spec, _ in tables.values()])
-                            for i in range(len(repeats))] for d in range(2)])
+                            for i in range(len(repeats))] for d in range(len(drafters))])
     spread = float(np.max(per_repeat.std(axis=1, ddof=1) / per_repeat.mean(axis=1))) if len(repeats) > 1 else math.nan
     halves = []
     if len(repeats) > 1:
         half = len(repeats) // 2
         for indices in (np.arange(half), np.arange(half, len(repeats))):
             sub = {b: (ar[indices], spec[:, indices], prompts) for b, (ar, spec, prompts) in tables.items()}
-            srs = _resampled_sr(sub, resamples, seed)["avg"]
-            differences = srs[:, 0] - srs[:, 1]
-            halves.append((float(differences[0]), *_interval(differences[1:], level)))
+            values = _resampled_sr(sub, resamples, seed)["avg"] @ weights
+            halves.append((float(values[0]), *_interval(values[1:], level)))
     overlap = len(halves) == 2 and all(np.isfinite(h).all() for h in halves) and \
         halves[0][1] <= halves[1][2] and halves[1][1] <= halves[0][2]
     stable = bool(overlap and np.isfinite(spread) and spread <= max_spread)
@@ -174,7 +191,8 @@ def interleaved_comparisons(times, reference: str, *, resamples: int = 2000, see
             rows.append({"variant": drafter, "reference_variant": reference, "metric": "speedup", "benchmark": benchmark,
                          "value": value, "reference_value": ref, "difference": value - ref,
                          "relative_difference": (value - ref) / ref, "ci_low": low, "ci_high": high,
-                         "significant": bool(low > 0 or high < 0), "num_prompts": int(prompts),
+                         # a timing the machine does not repeat marks nothing significant in the tables
+                         "significant": bool((low > 0 or high < 0) and check["stable"]), "num_prompts": int(prompts),
                          "resamples": int(resamples), "num_repeats": check["num_repeats"],
                          "timing_stable": check["stable"], "repeat_spread": check["repeat_spread"],
                          "timing_note": stability_note(check)})
@@ -191,3 +209,4 @@ def interleaved_speedups(times) -> list[dict]:
             rows.append({"variant": drafter, "benchmark": benchmark, "speedup": float(ar.mean() / tpot.mean()),
                          "ar_tpot_s": float(ar.mean()), "spec_tpot_s": float(tpot.mean())})
     return rows
+

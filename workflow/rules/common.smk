@@ -17,7 +17,7 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
-from dpace.paths import BASELINE, DRAFTER_DIR, DRAFTER_SUMMARY, EPOCH_DIR, EVAL_BLOCKS, EVAL_SUMMARY, REFERENCE_FEATURES
+from dpace.paths import BASELINE, DRAFTER_DIR, DRAFTER_SUMMARY, EPOCH_DIR, EVAL_BLOCKS, EVAL_SUMMARY, REFERENCE_FEATURES, TIMING
 from dpace.experiments import (
     ARTIFACTS,
     BLOCKS,
@@ -289,3 +289,27 @@ def local_blocks_summaries():
     """Table 1's shallowest DFlash drafter's run of the blocks suite (dpace.experiments.BLOCKS)."""
     return [eval_summary(v.target, v.id, EXPERIMENTS["main"].eval_epoch or v.epochs, BLOCKS.name)
             for v in [reference_drafter(EXPERIMENTS["main"].variants, "dflash")]]
+
+
+# SR (dpace.evaluation.timing_run): an experiment that a claim reads SR of (ExperimentSpec.times_speedup) gets
+# one timing job per target, which times the target alone and all of that target's drafters of the experiment
+# together, interleaved; with the local backend only (SGLang's evaluations time their own).
+def timed_experiment(name):
+    return EXPERIMENT_SPECS[name].times_speedup and config["eval"]["backend"] == "local"
+
+
+def timing_drafters(experiment, target):
+    """{variant id: checkpoint folder} of the experiment's drafters of ``target`` at the checkpoint its tables read."""
+    spec = EXPERIMENTS[experiment]
+    return {v.id: f"{RESULTS}/{DRAFTER_DIR}/{EPOCH_DIR}".format(target=v.target, variant=v.id,
+                                                                 epoch=spec.eval_epoch or v.epochs)
+            for v in spec.variants if v.target == target}
+
+
+def timing_files(experiment):
+    """The experiment's timing files, one per target (none when no claim reads its SR)."""
+    if not timed_experiment(experiment):
+        return []
+    targets = sorted({v.target for v in EXPERIMENTS[experiment].variants})
+    return [f"{RESULTS}/{TIMING.format(target=t, experiment=experiment)}" for t in targets]
+

@@ -81,3 +81,33 @@ rule evaluate:
         gpu=1,  # one GPU when the machine has one (local backend on CUDA, or SGLang); CPU otherwise
     script:
         "../scripts/evaluate.py"
+
+
+rule speedup_timing:
+    """SR of one experiment's drafters on one target: the target alone and every drafter, interleaved prompt
+    by prompt, repeated (dpace.evaluation.timing_run; config section timing). Only for experiments a claim
+    reads SR of (dpace.experiments.ExperimentSpec.times_speedup)."""
+    input:
+        summaries=lambda wildcards: [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants
+                                     if v.target == wildcards.target],
+        target=f"{RESULTS}/targets/{{target}}/target.json",
+        benchmarks=expand(f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl", benchmark=BASELINE_BENCHMARKS),
+    output:
+        times=f"{RESULTS}/{TIMING}",
+    log:
+        f"{RESULTS}/logs/eval/{{target}}/timing-{{experiment}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/eval/{{target}}/timing-{{experiment}}.tsv"
+    wildcard_constraints:
+        experiment="|".join(name for name in EXPERIMENTS if EXPERIMENT_SPECS[name].times_speedup) or "^$",
+    params:
+        drafters=lambda wildcards: timing_drafters(wildcards.experiment, wildcards.target),
+        # dpace.evaluation.eval_config.EvalConfig: the full suite's settings (temperatures, max_new_tokens, seed, ...)
+        eval={**config["eval"], "temperatures": SUITES["full"]["temperatures"], "seed": config["seed"]},
+        timing={key: value for key, value in config["timing"].items() if key != "max_repeat_spread"},
+        code=script_fingerprint("speedup_timing.py"),
+    threads: job_threads
+    resources:
+        gpu=1,
+    script:
+        "../scripts/speedup_timing.py"

@@ -10,6 +10,8 @@ rule experiment_metrics:
     input:
         summaries=lambda wildcards: experiment_evaluations(wildcards.experiment),
         blocks=lambda wildcards: beside(experiment_evaluations(wildcards.experiment), EVAL_BLOCKS_FILE),
+        # SR: the timing jobs' files where a claim reads the experiment's SR, else none (no SR measured)
+        timing=lambda wildcards: timing_files(wildcards.experiment),
     output:
         metrics=f"{RESULTS}/metrics/{{experiment}}.csv",
         blocks=f"{RESULTS}/metrics/{{experiment}}_blocks.csv",
@@ -20,6 +22,7 @@ rule experiment_metrics:
         f"{RESULTS}/benchmarks/report/metrics_{{experiment}}.tsv"
     params:
         variants=lambda wildcards: experiment_metadata(wildcards.experiment),
+        max_repeat_spread=config["timing"]["max_repeat_spread"],  # dpace.report.timing.timing_stability
         code=script_fingerprint("experiment_metrics.py"),
     localrule: True
     script:

@@ -1,3 +1,4 @@
+import contextlib
 import sys
 from pathlib import Path
 
@@ -29,7 +30,9 @@ else:
     answers = TargetAnswers(baseline=snakemake.input.get("baseline"), reference=snakemake.input.get("reference"),
                             features=snakemake.input.get("features"))
     # One CUDA GPU when the machine has any (locked so that parallel jobs get different ones), else CPU.
-    # The timing lock (one per device): no other job decodes on this device while this one times its own (SR).
-    with torch_device_slot(snakemake.resources.get("gpu", 0)) as device, machine_lock(timing_lock(device)):
+    # The timing lock (one per device) while this job times its own SR (tau: decode): no other job decodes on this
+    # device meanwhile. Replayed tau times nothing (SR is the timing jobs'), so it takes no lock.
+    with torch_device_slot(snakemake.resources.get("gpu", 0)) as device, \
+            (machine_lock(timing_lock(device)) if config.tau == "decode" else contextlib.nullcontext()):
         evaluate_drafter(snakemake.input.target, params.drafter, benchmarks, config, device=device, answers=answers,
                          **outputs)

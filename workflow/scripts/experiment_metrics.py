@@ -11,4 +11,6 @@ write_experiment_metrics(
     metrics_csv=snakemake.output.metrics,
     blocks_csv=snakemake.output.blocks,
     comparisons_csv=snakemake.output.get("comparisons"),
+    timing_paths=snakemake.input.get("timing", []),
+    max_repeat_spread=snakemake.params.get("max_repeat_spread"),
 )
