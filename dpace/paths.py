@@ -15,6 +15,8 @@ BASELINE = "eval/{target}/autoregressive-baseline.jsonl"  # the target decoding 
 REFERENCE_FEATURES = "eval/{target}/reference-features.pt"  # its answers' context features, for replayed tau
 # SR of an experiment's drafters on one target, timed together and interleaved (dpace.evaluation.timing_run)
 TIMING = "eval/{target}/timing-{experiment}.csv"
+# Table 7: DFlash's and D-PACE's training steps timed together, interleaved (dpace.step_timing)
+STEP_TIMING = "drafters/{target}/step-timing.csv"
 # One evaluation's summary: rule evaluate's output, what an experiment's metrics ask for (common.smk), and what
 # they parse back (eval_location).
 EVAL_DIR = f"eval/{{target}}/{{variant}}/{EPOCH_DIR}/{{suite}}"

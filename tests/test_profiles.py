@@ -15,7 +15,7 @@ REPO = Path(__file__).resolve().parents[1]
 PAPER = REPO / "workflow" / "configs" / "paper.yaml"
 # paper.yaml: sglang, specforge, local bf16 (the shared AR baseline times on the evaluation's GPU)
 GPU_RULES = {"generate_responses": 1, "train_drafter": 2, "autoregressive_baseline": 1, "evaluate": 1,
-             "speedup_timing": 1}
+             "speedup_timing": 1, "step_timing": 1}
 # Table 1's Qwen3-4B trains on the DFlash authors' released answers: imported, not generated.
 TABLE_1_JOBS = {"benchmark_prompts": 6, "prepare_target": 1, "import_responses": 1,
                 "features": 1, "train_drafter": 8, "evaluate": 8, "experiment_metrics": 1,
@@ -71,7 +71,7 @@ def check_gpu_resources(jobs, *, slurm: bool) -> None:
                 assert int(resources["gpu"]) == GPU_RULES[rule], (rule, resources)
                 assert resources["gpu_model"] == {"generate_responses": "h200", "train_drafter": "h200",
                                                   "autoregressive_baseline": "l40s", "evaluate": "l40s",
-                                                  "speedup_timing": "l40s"}[rule]
+                                                  "speedup_timing": "l40s", "step_timing": "h200"}[rule]
         else:  # data, target, features, metrics, tables and figures: no GPU
             assert int(resources.get("gpu", 0)) == 0 and "gpu_model" not in resources, (rule, resources)
         if slurm and rule not in ("all",):

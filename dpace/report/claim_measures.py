@@ -2,7 +2,7 @@
 
 Measures (``measure.kind``): ``comparison`` (rows of ``metrics/<experiment>_comparisons.csv``),
 ``contrast`` (a weighted sum of drafters' tau or SR from their per-request records), ``correlation`` and
-``correlation_gap`` (Table 8), ``step_time`` (Table 7, ``dpace.report.timing``), ``weight_shift``
+``correlation_gap`` (Table 8), ``step_time`` (Table 7's interleaved step timing, ``dpace.report.timing``), ``weight_shift``
 (Figure 3); each is registered in ``MEASURES`` and raises ``NotRun`` naming what is missing. Only
 comparisons carry a reference to divide by; step times are ratios already. ``measure_gradient`` measures
 how a gain moves with scale (``dpace.report.scale``).
@@ -19,15 +19,15 @@ import pandas as pd
 from scipy import stats
 
 from dpace.io import read_json
-from dpace.paths import EVAL_SUMMARY, TIMING
+from dpace.paths import EVAL_SUMMARY, STEP_TIMING, TIMING
 from dpace.report.intervals import _prompt_sums, paired_contrast
 from dpace.report.scale import gain_slope
 from dpace.report.timing import (
     AUTOREGRESSIVE,
     MAX_REPEAT_SPREAD,
     contrast_stability,
-    ratio_of_means,
     stability_note,
+    step_ratio,
     timed_contrast,
     window_means,
 )
@@ -360,26 +360,27 @@ def _train_steps(results: Path) -> pd.DataFrame:
 
 
 def measure_step_time(claim: dict, results: Path) -> list[Finding]:
-    """D-PACE's training time over DFlash's, minus 1, in units that respect how steps are timed
-    (``dpace.report.timing``): ``per: window`` (default) resamples contiguous windows of each run's steps,
-    ``per: epoch`` each run's epochs (an epoch's time: the sum of its step times)."""
+    """D-PACE's training step time over DFlash's, minus 1, from Table 7's step timing job (``dpace.step_timing``:
+    Table 1's shallowest pair's optimizer steps interleaved in one process, repeated), with an interval over
+    repeats and steps (``dpace.report.timing.step_ratio``). Where the machine does not repeat the timing (the
+    halves of the repeats disagree, or the ratio moves between repeats by more than ``max_spread``), the cell is
+    "not measurable on this machine", never judged."""
     m = claim["measure"]
-    steps = _train_steps(results)
-    units = []
-    for objective in ("dpace", "dflash"):
-        variant = _main_variant(results, objective)
-        rows = steps[steps["variant"] == variant].dropna(subset=["step_time_s"]).sort_values("step")
-        if rows.empty:
-            raise NotRun(f"no step times of {variant} in metrics/main_train_steps.csv")
-        if m.get("per", "window") == "epoch":
-            units.append(rows.groupby("epoch")["step_time_s"].sum().to_numpy(float))
-        else:
-            units.append(window_means(rows["step_time_s"].to_numpy(float), int(m.get("windows", 10))))
-    estimate = ratio_of_means(*units, resamples=RESAMPLES, seed=SEED, level=LEVEL)
-    unit = "epochs" if m.get("per", "window") == "epoch" else "contiguous windows"
-    return [judged(claim, "Table 1's shallowest pair", estimate, estimate, {}, key=("timing", m.get("per", "window")),
-                    note=f"{len(units[0])} / {len(units[1])} {unit} of one run each: the interval is within these "
-                         "two runs on this machine")]
+    main = read_csv(results, "main.csv")
+    dflash = main[main["variant"] == _main_variant(results, "dflash")]
+    path = results / STEP_TIMING.format(target=dflash["target"].iloc[0])
+    if not path.exists() or path.stat().st_size == 0:
+        raise NotRun(f"{path.relative_to(results)} not built")
+    times = pd.read_csv(path)
+    if times.empty:
+        raise NotRun(f"{path.relative_to(results)} has no rows")
+    result = step_ratio(times, "dpace", "dflash", resamples=RESAMPLES, seed=SEED, level=LEVEL,
+                        max_spread=float(m.get("max_spread", MAX_REPEAT_SPREAD)))
+    estimate = (result["value"], result["ci_low"], result["ci_high"])
+    return [judged(claim, "Table 1's shallowest pair, interleaved", estimate, estimate, {}, key=("timing", "step"),
+                    measurable=result["stable"],
+                    note=f"{result['num_repeats']} repeats x {result['num_steps']} steps of each, interleaved in one "
+                         f"process; {result['note']}")]
 
 
 def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:

@@ -210,3 +210,48 @@ def interleaved_speedups(times) -> list[dict]:
                          "ar_tpot_s": float(ar.mean()), "spec_tpot_s": float(tpot.mean())})
     return rows
 
+
+# --- Table 7: a training step, interleaved (dpace.step_timing) ----------------------------------------------
+
+
+def _ratio_draws(ours: np.ndarray, theirs: np.ndarray, resamples: int, seed: int) -> np.ndarray:
+    """mean(ours) / mean(theirs) - 1 of [repeats, steps] tables, resampling repeats and, within them, step indices
+    (paired: step j of both drafters ran next to each other); element 0 is the point estimate."""
+    generator = np.random.default_rng(seed)
+    repeats, steps = ours.shape
+    r = np.vstack([np.arange(repeats)[None, :], generator.integers(0, repeats, (resamples, repeats))])[:, :, None]
+    s = np.vstack([np.arange(steps)[None, :], generator.integers(0, steps, (resamples, steps))])[:, None, :]
+    return ours[r, s].sum(axis=(1, 2)) / theirs[r, s].sum(axis=(1, 2)) - 1.0
+
+
+def step_ratio(times, ours: str, theirs: str, *, resamples: int = 2000, seed: int = 0, level: float = 0.95,
+               max_spread: float = MAX_REPEAT_SPREAD) -> dict:
+    """D-PACE's step time over DFlash's, minus 1, from an interleaved step benchmark (``dpace.step_timing``): the
+    estimate with an interval over repeats and steps, and the stability check of ``timing_stability`` (the
+    halves of the repeats, each with its interval, must overlap; the per-repeat ratio's spread, std over repeats,
+    must stay within ``max_spread``)."""
+    tables = [times[times["drafter"] == name].pivot_table(index="repeat", columns="step", values="step_time_s")
+              .to_numpy(float) for name in (ours, theirs)]
+    draws = _ratio_draws(*tables, resamples, seed)
+    low, high = _interval(draws[1:], level)
+    repeats = tables[0].shape[0]
+    per_repeat = tables[0].sum(axis=1) / tables[1].sum(axis=1) - 1.0
+    spread = float(per_repeat.std(ddof=1)) if repeats > 1 else math.nan
+    halves = []
+    if repeats > 1:
+        for rows in (slice(0, repeats // 2), slice(repeats // 2, repeats)):
+            half = _ratio_draws(tables[0][rows], tables[1][rows], resamples, seed)
+            halves.append((float(half[0]), *_interval(half[1:], level)))
+    overlap = len(halves) == 2 and halves[0][1] <= halves[1][2] and halves[1][1] <= halves[0][2]
+    stable = bool(overlap and np.isfinite(spread) and spread <= max_spread)
+    if repeats < 2:
+        reason = "fewer than 2 repeats: no second measurement to agree with"
+    elif not overlap:
+        reason = "the two halves of the repeats disagree beyond their intervals"
+    elif not spread <= max_spread:
+        reason = f"the ratio moves by {100 * spread:.1f}% between repeats (more than {100 * max_spread:.0f}%)"
+    else:
+        reason = ""
+    check = {"stable": stable, "repeat_spread": spread, "halves": halves, "reason": reason, "num_repeats": repeats}
+    return {"value": float(draws[0]), "ci_low": low, "ci_high": high, "num_repeats": repeats,
+            "num_steps": int(tables[0].shape[1]), "stable": stable, "note": stability_note(check)}

@@ -17,7 +17,7 @@ from dpace.config import (
     validate_config,
 )
 from dpace.data import mixture_name
-from dpace.paths import BASELINE, DRAFTER_DIR, DRAFTER_SUMMARY, EPOCH_DIR, EVAL_BLOCKS, EVAL_SUMMARY, REFERENCE_FEATURES, TIMING
+from dpace.paths import BASELINE, DRAFTER_DIR, DRAFTER_SUMMARY, EPOCH_DIR, EVAL_BLOCKS, EVAL_SUMMARY, REFERENCE_FEATURES, STEP_TIMING, TIMING
 from dpace.experiments import (
     ARTIFACTS,
     BLOCKS,
@@ -313,3 +313,15 @@ def timing_files(experiment):
     targets = sorted({v.target for v in EXPERIMENTS[experiment].variants})
     return [f"{RESULTS}/{TIMING.format(target=t, experiment=experiment)}" for t in targets]
 
+
+def step_timing_variant(objective):
+    """Table 1's shallowest drafter of ``objective``: the pair Table 7's step timing interleaves."""
+    return reference_drafter(EXPERIMENTS["main"].variants, objective)
+
+
+def step_timing_file():
+    """Table 7's step timing file (the local training backend only; none without Table 1)."""
+    objectives = {v.objective for v in EXPERIMENTS["main"].variants} if "main" in EXPERIMENTS else set()
+    if not {"dflash", "dpace"} <= objectives or config["train"]["backend"] != "local":
+        return []
+    return [f"{RESULTS}/{STEP_TIMING.format(target=step_timing_variant('dflash').target)}"]

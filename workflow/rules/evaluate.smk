@@ -104,7 +104,9 @@ rule speedup_timing:
         drafters=lambda wildcards: timing_drafters(wildcards.experiment, wildcards.target),
         # dpace.evaluation.eval_config.EvalConfig: the full suite's settings (temperatures, max_new_tokens, seed, ...)
         eval={**config["eval"], "temperatures": SUITES["full"]["temperatures"], "seed": config["seed"]},
-        timing={key: value for key, value in config["timing"].items() if key != "max_repeat_spread"},
+        # dpace.evaluation.timing_run.TimingSettings
+        timing={key: config["timing"][key] for key in ("prompts_per_benchmark", "sampled_prompts_per_benchmark",
+                                                      "repeats")},
         code=script_fingerprint("speedup_timing.py"),
     threads: job_threads
     resources:

@@ -117,6 +117,7 @@ rule findings:
         claims=CLAIMS,
         main=f"{RESULTS}/metrics/main_comparisons.csv",
         train_steps=f"{RESULTS}/metrics/main_train_steps.csv",
+        step_timing=lambda wildcards: step_timing_file(),  # Table 7 (dpace.step_timing)
         others=built_metrics,
     output:
         findings=report(f"{RESULTS}/findings.md", caption="../report/findings.rst", category="Scorecard"),

@@ -29,3 +29,29 @@ rule train_drafter:
         gpu=2 if config["train"]["backend"] == "specforge" else 1,
     script:
         "../scripts/train_drafter.py"
+
+
+rule step_timing:
+    """Table 7's step time: Table 1's shallowest DFlash and D-PACE drafters' optimizer steps, interleaved in one
+    process and repeated (dpace.step_timing; config section timing), under the device's timing lock."""
+    input:
+        features=lambda wildcards: features_dir(wildcards.target),
+        target=f"{RESULTS}/targets/{{target}}/target.json",
+    output:
+        times=f"{RESULTS}/{STEP_TIMING}",
+    log:
+        f"{RESULTS}/logs/train/{{target}}/step-timing.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/train/{{target}}/step-timing.tsv"
+    params:
+        settings=lambda wildcards: {o: step_timing_variant(o).train_settings() for o in ("dflash", "dpace")},
+        seed=config["seed"],
+        mask_token_id=lambda wildcards: config["targets"][wildcards.target].get("mask_token_id"),
+        train=train_knobs(config["train"]),
+        timing={key: config["timing"][key] for key in ("steps", "warmup_steps", "repeats")},
+        code=script_fingerprint("step_timing.py"),
+    threads: job_threads
+    resources:
+        gpu=1,
+    script:
+        "../scripts/step_timing.py"
