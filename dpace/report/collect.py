@@ -103,7 +103,7 @@ def with_timed_speedups(metrics: pd.DataFrame, comparisons: pd.DataFrame, meta: 
     ``avg``) from ``dpace.report.timing.interleaved_comparisons``: each drafter against the DFlash drafter of
     its depth and block size, with intervals over prompts and repeats and the stability check's columns
     (``num_repeats``, ``timing_stable``, ``repeat_spread``, ``timing_note``)."""
-    spread = {} if max_repeat_spread is None else {"max_repeat_spread": float(max_repeat_spread)}
+    spread = {} if max_repeat_spread is None else {"max_spread": float(max_repeat_spread)}
     times = pd.concat([pd.read_csv(path) for path in timing_paths], ignore_index=True)
     metrics, new_rows = metrics.copy(), []
     for (target, temperature), cell in times.groupby(["target", "temperature"], sort=True):
