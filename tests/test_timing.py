@@ -89,12 +89,16 @@ def _comparisons_csv(tmp_path, rows):
     cell = {"target": "tiny", "experiment": "main", "epoch": 2, "suite": "full", "temperature": 0.0, "depth": 1,
             "block_size": 4}
     frame = [{**cell, **row, "objective": row["variant"].split("-")[0]} for row in rows]
+    # as the pipeline writes it: the tau rows leave timing_stable empty, so pandas reads the column as 1.0 / 0.0
     frame += [{**cell, "variant": "dpace-v", "objective": "dpace", "reference_variant": "dflash-v", "metric": "tau",
                "benchmark": b, "value": 1.5, "reference_value": 1.4, "difference": 0.1, "relative_difference": 0.07,
                "ci_low": 0.05, "ci_high": 0.15, "significant": True, "num_prompts": 12}
               for b in ("avg", "gsm8k", "math500")]
     (tmp_path / "metrics").mkdir(exist_ok=True)
-    pd.DataFrame(frame).to_csv(tmp_path / "metrics" / "main_comparisons.csv", index=False)
+    frame = pd.DataFrame(frame)
+    frame["timing_stable"] = frame["timing_stable"].astype(float)
+    frame.to_csv(tmp_path / "metrics" / "main_comparisons.csv", index=False)
+    assert pd.read_csv(tmp_path / "metrics" / "main_comparisons.csv")["timing_stable"].dtype == float
 
 
 SPEEDUP_CLAIM = {"id": "sr", "measure": {"kind": "comparison", "experiment": "main", "objective": "dpace",

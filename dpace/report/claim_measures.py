@@ -202,10 +202,13 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
 
 
 def _unstable(flag) -> bool:
-    """A comparisons row's ``timing_stable`` as read back from CSV (True/False, "True"/"False", or empty)."""
-    if flag is None or (isinstance(flag, float) and math.isnan(flag)):
+    """A comparisons row's ``timing_stable`` as read back from CSV: True/False, "True"/"False", 1.0/0.0 (a column
+    that also holds the tau rows' empty cells is read as floats), or empty (not a timing: never unstable)."""
+    if flag is None or isinstance(flag, str) and not flag.strip():
         return False
-    return str(flag).strip().lower() in ("false", "0")
+    if isinstance(flag, (bool, np.bool_, int, float, np.number)):
+        return not math.isnan(float(flag)) and float(flag) == 0.0
+    return str(flag).strip().lower() in ("false", "0", "0.0")
 
 
 def _first_seed(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
