@@ -24,7 +24,8 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    requests -> records; the multi-turn loop), ``evaluate`` (tau / speedup on the six
                    benchmarks, the autoregressive baseline), ``target_answers`` (the baseline's files an
                    evaluation reads), ``eval_records`` (the per-request records and their summary),
-                   ``sglang_backend`` (the same, served by SGLang)
+                   ``sglang_backend`` (the same, served by SGLang), ``timing_run`` (SR: the target and an
+                   experiment's drafters decoded interleaved, repeated)
 - ``report/``      stage 7: ``collect`` (the tidy metrics, per-block, comparison and training CSVs),
                    ``intervals`` (paired and seed-level bootstrap intervals), ``metrics_frame`` (the row
                    selection tables and figures share), ``latex`` (LaTeX helpers), ``tables/`` (one module per
@@ -33,7 +34,8 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    measured, the page written), ``verdicts`` (its rules: units, the matched paper cell, a
                    cell's and a claim's verdict), ``claim_measures`` (how each kind of claim is measured in
                    results/), ``scorecard_page`` (the page as Markdown), ``scale`` (a gain's gradient
-                   across strata), ``timing`` (step times in contiguous windows)
+                   across strata), ``timing`` (SR and step-time intervals over prompts, steps and repeats, and whether
+                   the machine repeats a timing; windows of one run's steps)
 - shared           ``config``, ``schema`` (the config's checks and its expansion into drafter variants; the
                    schema's defaults and enums), ``experiments`` (the registry of experiments: how each
                    expands into drafters, its tables and figures with their renderers), ``paths`` (where
@@ -42,7 +44,9 @@ the code every stage shares sits at the top. None of it knows about Snakemake.
                    colours, captions; no torch), ``io`` (atomic files, jsonl and JSON read naming the damaged
                    file, checkpoint checksums), ``locks`` (this user's machine-wide locks: GPU slots, the
                    timing lock), ``gpus`` (one locked GPU per job, the SGLang install check), ``fingerprint`` (which modules a job runs),
-                   ``gpu_check`` (``python -m dpace.gpu_check``: one GPU checked end to end)
+                   ``gpu_check`` (``python -m dpace.gpu_check``: one GPU checked end to end), ``timing_records``
+                   (the timing jobs' record format), ``step_timing`` (Table 7: DFlash's and D-PACE's training
+                   steps interleaved in one process, with the training loop's own set-up and step)
 
 This is the one module map; the stage packages' docstrings say what their stage does. Between stages, imports
 go down the DAG: a stage imports shared modules and earlier stages' (``evaluation`` the drafter of ``training``

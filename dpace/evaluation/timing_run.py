@@ -8,7 +8,7 @@ request (so no drafter always runs first, or always after the same one). A chang
 reaches every drafter of a request alike, and a change between repeats shows up as repeat-to-repeat spread, which
 the SR interval resamples (``dpace.report.timing``).
 
-Output: one CSV row per (request turn, repeat, decoder): ``dpace.report.timing.TIMING_COLUMNS``. Each turn's
+Output: one CSV row per (request turn, repeat, decoder): ``dpace.timing_records.TIMING_COLUMNS``. Each turn's
 prompt follows the target's own answer to the turn before (at T = 0 the greedy answer, which every drafter's
 speculative decoding also produces; at T > 0 the keyed sample, the same for every drafter under hard-match).
 The job holds the machine's timing lock of its device throughout (``dpace.locks``); a killed job starts over.
@@ -29,8 +29,8 @@ from dpace.evaluation.eval_records import WARMUP_TOKENS, evaluation_plan, exceed
 from dpace.evaluation.evaluate import BASELINE, _generator, _request_seed, _sampling_key
 from dpace.evaluation.requests import Conversation
 from dpace.io import atomic_write_text
-from dpace.report.timing import AUTOREGRESSIVE, TIMING_COLUMNS
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+from dpace.timing_records import AUTOREGRESSIVE, TIMING_COLUMNS
 from dpace.training.drafter import check_drafter_matches_target, load_drafter
 
 

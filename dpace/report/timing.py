@@ -16,6 +16,8 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpace.timing_records import AUTOREGRESSIVE, TIMING_COLUMNS  # noqa: F401 (re-exported)
+
 
 def window_means(times: np.ndarray, windows: int) -> np.ndarray:
     """The mean step time of each of ``windows`` contiguous, (nearly) equal stretches of one run's steps."""
@@ -51,9 +53,6 @@ def ratio_of_means(
 # SR moves between repeats by more than ``max_spread``, the machine does not give a timing that repeats, and the
 # comparison is "not measurable on this machine" rather than judged.
 
-AUTOREGRESSIVE = "autoregressive"  # the drafter column's value for the target decoding alone
-TIMING_COLUMNS = ["target", "temperature", "benchmark", "prompt_index", "id", "turn", "repeat", "position", "drafter",
-                  "num_output_tokens", "decode_time_s", "time_per_output_token_s"]
 MAX_REPEAT_SPREAD = 0.10  # the largest relative std of a drafter's per-repeat SR that still counts as repeatable
 
 
