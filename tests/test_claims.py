@@ -74,6 +74,8 @@ BAD = [
      r"claim 't1-dpace-above-dflash': verdict: \{'scale': 'relative'\} is no region"),
     ("nm-h200-compute", lambda c: c.update(verdict={"above": 0}),
      r"claim 'nm-h200-compute': a not_measurable claim takes no paper_value, paper_cells, verdict or gradient"),
+    ("t1-dpace-above-dflash", lambda c: c.update(id="t1-dpace-above-dflash\n"),
+     r"claim 't1-dpace-above-dflash\\n': id: does not match \^\[a-z0-9\]\[a-z0-9\.-\]\*\$ as a whole"),
     ("t1-dpace-above-dflash", lambda c: c.update(id="t1-dpace-tau-gain-about-10pct"),
      r"claim id 't1-dpace-tau-gain-about-10pct' appears twice"),
 ]
