@@ -77,9 +77,9 @@ def test_a_lock_held_elsewhere_times_out_naming_its_holder_then_is_freed(lock_en
 
 
 def test_a_longer_holder_record_is_overwritten_in_place_not_truncated(lock_env):
-    from dpace.locks import HOLDER_WIDTH, holder, lock_dir, machine_lock
+    from dpace.locks import HOLDER_WIDTH, holder, lock_path, machine_lock
 
-    path = lock_dir() / "timing.lock"
+    path = lock_path("timing")
     path.write_text("pid 1".ljust(HOLDER_WIDTH - 1) + "\n")
     with machine_lock("timing"):
         assert holder("timing").startswith(f"pid {os.getpid()} ")
