@@ -124,8 +124,7 @@ def test_the_baseline_job_times_its_decoding_under_the_machine_timing_lock(lock_
             release(fd)
 
     monkeypatch.setattr(dpace.evaluation.evaluate, "measure_baseline", measure)
-    monkeypatch.setattr(sys, "stdout", sys.stdout)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr("dpace.jobs.begin_job", lambda snakemake: None)  # keeps pytest's fds 1 and 2 and no lock
     runpy.run_path(str(REPO / "workflow/scripts/autoregressive_baseline.py"),
                    init_globals={"snakemake": baseline_adapter_snakemake(tmp_path)})
     assert seen == {"timing lock free while measuring": False}
@@ -276,8 +275,7 @@ def test_a_failed_metrics_job_leaves_no_table_drawn_from_the_old_numbers(tmp_pat
         output=NamedPaths(metrics=str(metrics / "main.csv"), blocks=str(metrics / "main_blocks.csv"),
                           comparisons=str(metrics / "main_comparisons.csv")),
     )
-    monkeypatch.setattr(sys, "stdout", sys.stdout)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr("dpace.jobs.begin_job", lambda snakemake: None)  # keeps pytest's fds 1 and 2 and no lock
     with pytest.raises(ValueError, match="summary.json:1: malformed JSON"):
         runpy.run_path(str(REPO / "workflow/scripts/experiment_metrics.py"), init_globals={"snakemake": job})
     assert sorted(p.name for p in results.iterdir() if p.is_file()) == ["table_ablation.tex"]  # not drawn from main
