@@ -282,3 +282,13 @@ def test_every_workflow_script_begins_with_begin_job():
     first = JOB_SCRIPT.split("\n\nimport json", 1)[0]
     for script in sorted((REPO / "workflow" / "scripts").glob("*.py")):
         assert script.read_text().startswith(first + "\n"), script.name
+
+
+def test_no_progress_bar_of_the_package_forces_a_redraw_per_step():
+    """tqdm's ``set_postfix`` redraws at every call unless told not to, whatever ``mininterval`` says: the
+    training loop drew a line per step into its log (seen in a smoke run's training log)."""
+    import re
+
+    calls = [(path.relative_to(REPO), line) for path in sorted((REPO / "dpace").rglob("*.py"))
+             for line in path.read_text().splitlines() if re.search(r"\.set_postfix(_str)?\(|\.refresh\(\)", line)]
+    assert calls and all("refresh=False" in line for _, line in calls), calls
