@@ -76,8 +76,14 @@ def lock_root() -> Path:
 def lock_dir() -> Path:
     """This user's lock directory, created 0700; refused when someone else could write into it."""
     path = lock_root() / f"user-{os.getuid()}"
-    with contextlib.suppress(FileExistsError):
+    try:
         path.mkdir(mode=0o700)
+    except FileExistsError:
+        pass
+    except PermissionError:
+        raise RuntimeError(f"cannot make this user's lock folder in {path.parent} (mode "
+                           f"{stat.S_IMODE(os.stat(path.parent).st_mode):o}, uid {os.stat(path.parent).st_uid}): "
+                           f"its owner can chmod 1777 it, or set DPACE_LOCK_DIR") from None
     info = os.lstat(path)
     if not stat.S_ISDIR(info.st_mode):
         raise RuntimeError(f"lock directory {path} is not a directory (a symlink?); remove it or set DPACE_LOCK_DIR")
@@ -112,7 +118,10 @@ def _open(name: str) -> tuple[int, bool]:
     shared = name.startswith(SHARED)
     flags = os.O_NOFOLLOW | os.O_CLOEXEC
     try:
-        fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666 if shared else 0o600)
+        try:  # without O_CREAT first: fs.protected_regular refuses O_CREAT on another user's file in a sticky folder
+            fd = os.open(path, os.O_RDWR | flags)
+        except FileNotFoundError:
+            fd = os.open(path, os.O_RDWR | os.O_CREAT | flags, 0o666 if shared else 0o600)
         writable = True
     except PermissionError:
         if not shared:
