@@ -77,9 +77,9 @@ def test_a_lock_held_elsewhere_times_out_naming_its_holder_then_is_freed(lock_en
 
 
 def test_a_longer_holder_record_is_overwritten_in_place_not_truncated(lock_env):
-    from dpace.locks import HOLDER_WIDTH, holder, lock_dir, machine_lock
+    from dpace.locks import HOLDER_WIDTH, holder, lock_path, machine_lock
 
-    path = lock_dir() / "timing.lock"
+    path = lock_path("timing")
     path.write_text("pid 1".ljust(HOLDER_WIDTH - 1) + "\n")
     with machine_lock("timing"):
         assert holder("timing").startswith(f"pid {os.getpid()} ")
@@ -124,8 +124,7 @@ def test_the_baseline_job_times_its_decoding_under_the_machine_timing_lock(lock_
             release(fd)
 
     monkeypatch.setattr(dpace.evaluation.evaluate, "measure_baseline", measure)
-    monkeypatch.setattr(sys, "stdout", sys.stdout)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr("dpace.jobs.begin_job", lambda snakemake: None)  # keeps pytest's fds 1 and 2 and no lock
     runpy.run_path(str(REPO / "workflow/scripts/autoregressive_baseline.py"),
                    init_globals={"snakemake": baseline_adapter_snakemake(tmp_path)})
     assert seen == {"timing lock free while measuring": False}
@@ -296,8 +295,7 @@ def test_a_failed_metrics_job_leaves_no_table_drawn_from_the_old_numbers(tmp_pat
         output=NamedPaths(metrics=str(metrics / "main.csv"), blocks=str(metrics / "main_blocks.csv"),
                           comparisons=str(metrics / "main_comparisons.csv")),
     )
-    monkeypatch.setattr(sys, "stdout", sys.stdout)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr("dpace.jobs.begin_job", lambda snakemake: None)  # keeps pytest's fds 1 and 2 and no lock
     with pytest.raises(ValueError, match="summary.json:1: malformed JSON"):
         runpy.run_path(str(REPO / "workflow/scripts/experiment_metrics.py"), init_globals={"snakemake": job})
     assert sorted(p.name for p in results.iterdir() if p.is_file()) == ["table_ablation.tex"]  # not drawn from main

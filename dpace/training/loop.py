@@ -380,8 +380,9 @@ def _train(run: TrainingRun, out_dir: Path, stop_after_steps: int | None) -> boo
                 ))
                 run.step_in_epoch += 1
                 run.global_step += 1
+                # Not refreshed here (a refresh per call ignores tqdm's mininterval: a line per step in the log).
+                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}", refresh=False)
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}")
                 if run.global_step % config.save_every_steps == 0:
                     run.save_state()
                 if stop_after_steps is not None and run.global_step >= stop_after_steps:
