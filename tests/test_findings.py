@@ -622,6 +622,53 @@ def test_the_gradient_is_read_from_each_benchmarks_evaluations(tmp_path):
     assert "+0.100 [" in page.split("## Scale", 1)[1]
 
 
+def write_gradient_run(results: Path, gain_slopes: dict[int, float]) -> None:
+    """Table 1's DFlash, Top-3 and D-PACE on four benchmarks, one variant per training seed; D-PACE's gain over
+    DFlash grows by ``gain_slopes[seed]`` per unit of the benchmark's tau at that seed."""
+    levels = {"gsm8k": 1.2, "math500": 1.6, "humaneval": 2.0, "mt_bench": 2.4}
+    spread = np.linspace(-0.2, 0.2, 12)
+    rows = []
+    for seed, slope in gain_slopes.items():
+        shift = {"dflash": lambda t: t, "topk-prefix": lambda t: t + 0.05,
+                 "dpace": lambda t, slope=slope: t + 0.1 + slope * (t - 1.8)}
+        for objective, move in shift.items():
+            variant = f"{objective}-x" + (f"-s{seed}" if seed else "")
+            folder = results / "eval" / "t" / variant / "epoch-6" / "full"
+            folder.mkdir(parents=True)
+            entries = [{"benchmark": b, "temperature": 0.0, "requests": requests(list(move(level) + spread))}
+                       for b, level in levels.items()]
+            (folder / "summary.json").write_text(json.dumps(entries))
+            rows += [{"target": "t", "variant": variant, "method": f"{objective}-x", "training_seed": seed,
+                      "experiment": "main", "objective": objective, "depth": 2, "block_size": 8, "epoch": 6,
+                      "suite": "full", "benchmark": b, "temperature": 0.0, "tau": move(level), "speedup": 1.0}
+                     for b, level in levels.items()]
+    (results / "metrics").mkdir()
+    pd.DataFrame(rows).to_csv(results / "metrics" / "main.csv", index=False)
+
+
+def test_a_gradient_of_a_several_seed_run_reads_every_seed(tmp_path):
+    """The gradients once read the first training seed only: here seed 0's gain grows by +0.2 per unit of tau,
+    seed 1's falls by 0.2 and seed 2's is flat, so over the seeds there is no gradient to claim."""
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    write_gradient_run(tmp_path, {0: 0.2, 1: -0.2, 2: 0.0})
+    [gradient] = claim_measures.measure_gradient(claims["t1-dpace-above-dflash"], tmp_path)
+    assert gradient["slope"] == pytest.approx(0.0, abs=1e-9)  # the first seed alone: +0.2
+    assert gradient["num_seeds"] == 3 and gradient["ci_low"] < -0.1 and gradient["ci_high"] > 0.1  # the seeds disagree by 0.4
+    assert "scale-sensitive" not in scorecard_page.scale_mark(claims["t1-dpace-above-dflash"], [gradient])
+
+
+def test_a_one_seed_gradient_is_unchanged_by_the_seed_level():
+    from dpace.report.scale import gain_slope
+
+    generator = np.random.default_rng(4)
+    strata = [[prompt_sums(1.5 + 0.3 * k + generator.random(10)) for k in range(4)] for _ in range(3)]
+    one = gain_slope(*strata, resamples=300)
+    stacked = gain_slope(*[[s[None] for s in role] for role in strata], resamples=300)
+    assert one["num_seeds"] == stacked["num_seeds"] == 1
+    assert (one["slope"], one["ci_low"], one["ci_high"]) == pytest.approx(
+        (stacked["slope"], stacked["ci_low"], stacked["ci_high"]))
+
+
 def test_paired_contrast_over_seeds_is_the_hierarchical_bootstrap_for_two_drafters():
     """With training seeds, a contrast of two drafters is hierarchical_bootstrap's difference of their seed
     means, draw for draw: the seeds' spread is in the interval."""

@@ -187,13 +187,16 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
     return out
 
 
-def _first_seed(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """The rows of the lowest training seed, and how many seeds the frame holds (``train.seeds`` > 1 gives
-    each method one variant per seed). The scale gradients read one drafter per method: the first seed's."""
-    if "training_seed" not in frame or frame["training_seed"].nunique() < 2:
-        return frame, 1
-    seeds = frame["training_seed"]
-    return frame[seeds == seeds.min()], int(seeds.nunique())
+def _seed_rows(rows: pd.DataFrame) -> dict | None:
+    """One method's rows by training seed ({seed: rows}, in seed order); None when the rows are empty or hold
+    two variants of one seed (not one method)."""
+    if rows.empty:
+        return None
+    seed_of = rows["training_seed"].fillna(0) if "training_seed" in rows else pd.Series(0, index=rows.index)
+    by_seed = {key: part for key, part in rows.groupby(seed_of, sort=True)}
+    if any(part["variant"].nunique() != 1 for part in by_seed.values()):
+        return None
+    return by_seed
 
 
 def _dflash_tau(cell: pd.DataFrame) -> float:
@@ -373,24 +376,27 @@ def measure_gradient(claim: dict, results: str | Path) -> list[dict]:
     except NotRun:
         return []
     rows = metrics[metrics["benchmark"] == g["benchmark"]] if over == "epoch" else _at_epoch(metrics, "final")
-    rows, _ = _first_seed(_filtered(rows, dict(g.get("where", {}))))
+    rows = _filtered(rows, dict(g.get("where", {})))
     roles = {"ours": g.get("objective", "dpace"), "reference": "dflash", "stratifier": g["stratifier"]}
     out = []
     for _, cell in rows.groupby([c for c in CELL_COLUMNS if c != over], sort=True):
-        drafters = {role: cell[cell["objective"] == objective] for role, objective in roles.items()}
-        if any(d["variant"].nunique() != 1 for d in drafters.values()):
+        # Each role: one method, its training seeds (every seed read; seed i of each role paired).
+        drafters = {role: _seed_rows(cell[cell["objective"] == objective]) for role, objective in roles.items()}
+        if any(d is None for d in drafters.values()) or len({tuple(d) for d in drafters.values()}) != 1:
             continue
-        strata = sorted(set.intersection(*(set(d[over]) for d in drafters.values())))
+        strata = sorted(set.intersection(*(set(rows[over]) for d in drafters.values() for rows in d.values())))
         if len(strata) < 3:
             continue
         sums = {role: [] for role in roles}
         try:
             for stratum in strata:
-                requests = {role: next(iter(_requests(results, d[d[over] == stratum].iloc[0], [
-                    d[d[over] == stratum].iloc[0]["benchmark"]]).values())) for role, d in drafters.items()}
-                prompt_ids = sorted({str(r["id"]) for r in requests["ours"]})
+                requests = {role: [next(iter(_requests(results, r[r[over] == stratum].iloc[0], [
+                    r[r[over] == stratum].iloc[0]["benchmark"]]).values())) for r in d.values()]
+                    for role, d in drafters.items()}
+                prompt_ids = sorted({str(r["id"]) for r in requests["ours"][0]})
                 for role in roles:
-                    sums[role].append(_prompt_sums(requests[role], prompt_ids))
+                    sums[role].append(np.stack([_prompt_sums(seed_requests, prompt_ids)
+                                                for seed_requests in requests[role]]))
         except (NotRun, StopIteration):
             continue
         result = gain_slope(sums["ours"], sums["reference"], sums["stratifier"], resamples=RESAMPLES, seed=SEED,
