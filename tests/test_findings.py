@@ -234,6 +234,27 @@ def test_weight_moving_to_later_positions(tmp_path, later):
     assert timing.verdict == REPRODUCED and abs(timing.value) < 0.05
 
 
+def test_the_weight_shift_of_a_several_seed_run_reads_every_seed(tmp_path):
+    """Figure 3's weights once came from one seed: here seed 0's move later and seed 1's as far earlier."""
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    progress = np.linspace(0, 1, 40)[:, None]
+    moves = np.array([[0.0, 0.2, 0.5, 0.8]])
+    noise = np.random.default_rng(2)
+    (tmp_path / "metrics").mkdir()
+    pd.DataFrame([{"variant": v, "method": m, "training_seed": seed, "objective": m[:-2], "depth": 1, "block_size": 4}
+                  for v, m, seed in (("dpace-x", "dpace-x", 0), ("dpace-x-s1", "dpace-x", 1),
+                                     ("dflash-x", "dflash-x", 0))]).to_csv(tmp_path / "metrics" / "main.csv")
+    rows = []
+    for variant, trend in (("dpace-x", progress), ("dpace-x-s1", 1 - progress)):
+        weights = np.array([[1.0, 0.6, 0.3, 0.1]]) + trend * moves + 0.01 * noise.random((40, 4))
+        rows += [{"variant": variant, "step": step, **{f"w_{j}": x for j, x in enumerate(w)}}
+                 for step, w in enumerate(weights)]
+    pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "main_train_steps.csv", index=False)
+    [found] = findings.findings([claims["f3-weight-moves-later"]], tmp_path)
+    assert abs(found.value) < 0.05 and found.seeds == 2 and "2 training seeds" in found.note
+    assert found.low < -0.2 and found.high > 0.2 and found.verdict == INCONCLUSIVE
+
+
 def test_the_surrogate_predicts_block_tau_better_than_the_sum_of_q(tmp_path):
     claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
     write_training(tmp_path, np.ones((4, 4)), (0.3, 0.3))

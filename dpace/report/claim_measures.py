@@ -20,7 +20,7 @@ from scipy import stats
 
 from dpace.io import read_json
 from dpace.paths import EVAL_SUMMARY
-from dpace.report.intervals import _prompt_sums, paired_contrast
+from dpace.report.intervals import _prompt_sums, _seed_draws, paired_contrast
 from dpace.report.scale import gain_slope
 from dpace.report.timing import ratio_of_means, window_means
 from dpace.report.verdicts import LEVEL, Finding, NotRun, in_unit, judged, scale_of
@@ -124,25 +124,62 @@ def _pick(rows: pd.DataFrame, term: dict) -> pd.DataFrame:
     return rows
 
 
-def _main_variant(results: Path, objective: str) -> str:
-    """Table 1's shallowest ``objective`` drafter: the one Tables 7, 8 and Figure 3 show."""
+def _main_variants(results: Path, objective: str) -> list[str]:
+    """Table 1's shallowest ``objective`` drafter, one variant per training seed (seed order): the drafters
+    Tables 7, 8 and Figure 3 show."""
     main = read_csv(results, "main.csv")
     rows = main[main["objective"] == objective].sort_values(["depth", "block_size"])
     if rows.empty:
         raise NotRun(f"no {objective} drafter in metrics/main.csv")
-    return str(rows.iloc[0]["variant"])
+    first = rows.iloc[0]
+    same = rows[(rows["depth"] == first["depth"]) & (rows["block_size"] == first["block_size"])]
+    same = same[same["method"] == first["method"]] if "method" in same else same[same["variant"] == first["variant"]]
+    if "training_seed" in same:
+        same = same.assign(seed_key=same["training_seed"].fillna(0)).sort_values("seed_key", kind="stable")
+    return list(dict.fromkeys(same["variant"].astype(str)))
+
+
+def _main_variant(results: Path, objective: str) -> str:
+    """The first training seed of :func:`_main_variants` (Table 7's step times compare one run of each)."""
+    return _main_variants(results, objective)[0]
+
+
+def _over_seeds(points: Sequence[float], draws: Sequence[np.ndarray]) -> tuple[float, float, float]:
+    """One estimate per training seed (``points``) with each seed's own bootstrap draws (``draws``, [resamples]
+    each), as one estimate over the seeds: their mean, with an interval whose seed part (seeds drawn) is widened
+    by ``_seed_widening`` as the comparisons' is and whose prompt part is the drawn seeds' own resampling. One
+    seed: its percentile interval."""
+    points, draws = np.asarray(points, float), np.stack(draws)  # [seeds], [seeds, resamples]
+    tail = (1.0 - LEVEL) / 2.0
+    seeds = _seed_draws(len(points), len(points), True, SEED, draws.shape[1], tail)
+    value = float(points.mean())
+    seeds_drawn = points[seeds.ours].mean(axis=1)  # [resamples]
+    both = np.take_along_axis(draws.T, seeds.ours, axis=1).mean(axis=1)
+    resampled = value + seeds.ours_widen * (seeds_drawn - value) + (both - seeds_drawn)
+    if not np.isfinite(resampled).any():
+        return value, math.nan, math.nan
+    low, high = np.nanquantile(resampled, [tail, 1.0 - tail])
+    return value, float(low), float(high)
+
+
+def _bootstrap_draws(samples: Sequence[np.ndarray], statistic: Callable[..., float]) -> tuple[float, np.ndarray]:
+    """``statistic`` of independent samples and its resampled values, each sample resampled separately (NaN
+    draws when a sample has fewer than 2 members)."""
+    generator = np.random.default_rng(SEED)
+    point = statistic(*samples)
+    if min(len(s) for s in samples) < 2:
+        return point, np.full(RESAMPLES, math.nan)
+    draws = [generator.integers(0, len(s), size=(RESAMPLES, len(s))) for s in samples]
+    return point, np.array([statistic(*(s[d[r]] for s, d in zip(samples, draws, strict=True))) for r in range(RESAMPLES)])
 
 
 def _bootstrap(samples: Sequence[np.ndarray], statistic: Callable[..., float]) -> tuple[float, float, float]:
     """``statistic`` of independent samples, with a percentile interval resampling each one separately."""
-    generator = np.random.default_rng(SEED)
-    point = statistic(*samples)
-    if min(len(s) for s in samples) < 2:
+    point, values = _bootstrap_draws(samples, statistic)
+    if not np.isfinite(values).any():
         return point, math.nan, math.nan
-    draws = [generator.integers(0, len(s), size=(RESAMPLES, len(s))) for s in samples]
-    values = np.array([statistic(*(s[d[r]] for s, d in zip(samples, draws, strict=True))) for r in range(RESAMPLES)])
     tail = (1.0 - LEVEL) / 2.0
-    low, high = np.quantile(values, [tail, 1.0 - tail])
+    low, high = np.nanquantile(values, [tail, 1.0 - tail])
     return point, float(low), float(high)
 
 
@@ -256,9 +293,8 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
     return out
 
 
-def _dflash_blocks(results: Path) -> tuple[str, pd.DataFrame]:
-    """The per-block records (S~, sum q, tau_b) of Table 1's shallowest DFlash drafter on MATH-500 at T=0."""
-    variant = _main_variant(results, "dflash")
+def _blocks_of(results: Path, variant: str) -> pd.DataFrame:
+    """The per-block records (S~, sum q, tau_b) of ``variant`` on MATH-500 at T=0, its last epoch."""
     blocks = None
     for name in ("main_local_blocks.csv", "main_blocks.csv"):  # SGLang evaluation: the local blocks run
         try:
@@ -273,36 +309,59 @@ def _dflash_blocks(results: Path) -> tuple[str, pd.DataFrame]:
     rows = rows[rows["epoch"] == rows["epoch"].max()].dropna(subset=["tau_block", "sum_q", "surrogate"])
     if len(rows) < 3:
         raise NotRun(f"{len(rows)} MATH-500 block(s) of {variant} at T=0")
-    return variant, rows
+    return rows
 
 
-def _block_correlation(claim: dict, results: Path, statistic: Callable[[np.ndarray], float]) -> list[Finding]:
-    """``statistic`` of the 3 x 3 Spearman matrix (S~, sum q, tau_b) over the blocks; prompts resampled
-    (a prompt's blocks stay together)."""
-    variant, rows = _dflash_blocks(results)
-    prompts = rows["prompt_index"].to_numpy()
-    columns = rows[["surrogate", "sum_q", "tau_block"]].to_numpy(float)
-    by_prompt = [np.flatnonzero(prompts == p) for p in np.unique(prompts)]
+BLOCK_COLUMNS = ("surrogate", "sum_q", "tau_block")
 
-    def of(indices: np.ndarray) -> float:
-        picked = columns[np.concatenate([by_prompt[i] for i in indices])]
-        with np.errstate(invalid="ignore", divide="ignore"):  # a resample of constant blocks: NaN
-            return statistic(stats.spearmanr(picked).statistic)
 
-    estimate = _bootstrap([np.arange(len(by_prompt))], of)
-    return [judged(claim, f"{variant} MATH-500 T0", estimate, estimate, {"temperature": 0.0},
-                    key=("blocks", variant, claim["measure"]["kind"]),
-                    note=f"{len(rows)} blocks, {len(by_prompt)} prompts")]
+def _block_statistic(claim: dict, results: Path, statistic: Callable[[np.ndarray], float]) -> list[Finding]:
+    """``statistic`` of the blocks ([blocks, 3]: ``BLOCK_COLUMNS``) of Table 1's shallowest DFlash drafter (every
+    training seed's, averaged over the seeds by :func:`_over_seeds`); prompts resampled (a prompt's blocks stay
+    together)."""
+    variants = _main_variants(results, "dflash")
+    points, draws, counts = [], [], []
+    for variant in variants:
+        rows = _blocks_of(results, variant)
+        prompts = rows["prompt_index"].to_numpy()
+        columns = rows[list(BLOCK_COLUMNS)].to_numpy(float)
+        by_prompt = [np.flatnonzero(prompts == p) for p in np.unique(prompts)]
+
+        def of(indices: np.ndarray, columns=columns, by_prompt=by_prompt) -> float:
+            with np.errstate(invalid="ignore", divide="ignore"):  # a resample of constant blocks: NaN
+                return statistic(columns[np.concatenate([by_prompt[i] for i in indices])])
+
+        point, values = _bootstrap_draws([np.arange(len(by_prompt))], of)
+        points.append(point)
+        draws.append(values)
+        counts.append((len(rows), len(by_prompt)))
+    estimate = _over_seeds(points, draws)
+    seeds = len(variants)
+    note = f"{counts[0][0]} blocks, {counts[0][1]} prompts" + (f" (seed 1 of {seeds})" if seeds > 1 else "")
+    return [judged(claim, f"{variants[0]} MATH-500 T0", estimate, estimate, {"temperature": 0.0},
+                   key=("blocks", variants[0], claim["measure"]["kind"], claim["measure"].get("statistic", "")),
+                   seeds=seeds, note=note + (f", {seeds} training seeds" if seeds > 1 else ""))]
+
+
+def _rho(blocks: np.ndarray) -> np.ndarray:
+    """The 3 x 3 Spearman matrix of ``BLOCK_COLUMNS``."""
+    return stats.spearmanr(blocks).statistic
+
+
+def _rho_gap(blocks: np.ndarray) -> float:
+    """rho(S~, tau_b) - rho(sum q, tau_b)."""
+    rho = _rho(blocks)
+    return float(rho[0, 2] - rho[1, 2])
 
 
 def measure_correlation(claim: dict, results: Path) -> list[Finding]:
     """Spearman rho(S~, tau_b) over the blocks of Table 1's shallowest DFlash drafter (Table 8, Figure 1a)."""
-    return _block_correlation(claim, results, lambda rho: float(rho[0, 2]))
+    return _block_statistic(claim, results, lambda blocks: float(_rho(blocks)[0, 2]))
 
 
 def measure_correlation_gap(claim: dict, results: Path) -> list[Finding]:
     """rho(S~, tau_b) - rho(sum q, tau_b) over the same blocks (Table 8)."""
-    return _block_correlation(claim, results, lambda rho: float(rho[0, 2] - rho[1, 2]))
+    return _block_statistic(claim, results, _rho_gap)
 
 
 def _train_steps(results: Path) -> pd.DataFrame:
@@ -332,26 +391,42 @@ def measure_step_time(claim: dict, results: Path) -> list[Finding]:
                          "two runs on this machine")]
 
 
-def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:
-    """The mean weighted block position sum_j j w_j / sum_j w_j of D-PACE's logged weights: its average over
-    the last ``window`` of training minus that over the first (in steps, fraction of all)."""
+def _logged_weights(results: Path, variant: str) -> np.ndarray:
+    """The per-step batch-mean position weights of ``variant`` ([steps, positions]) from its training log."""
     steps = _train_steps(results)
-    variant = _main_variant(results, "dpace")
     rows = steps[steps["variant"] == variant].sort_values("step")
     weights = rows.filter(regex=r"^w_\d+$")
     if rows.empty or weights.empty:
         raise NotRun(f"no logged weights of {variant} in metrics/main_train_steps.csv")
-    w = weights.to_numpy(float)
+    return weights.to_numpy(float)
+
+
+def _weighted_position(w: np.ndarray) -> np.ndarray:
+    """The mean weighted block position sum_j j w_j / sum_j w_j of each step's weights."""
     positions = np.arange(w.shape[1])
     with np.errstate(invalid="ignore", divide="ignore"):
-        centre = np.nansum(w * positions, axis=1) / np.nansum(w, axis=1)
-    count = max(1, math.ceil(float(claim["measure"].get("window", 0.1)) * len(centre)))
-    # Contiguous windows of each stretch are resampled, not steps: neighbouring steps' weights move together.
-    early, late = window_means(centre[:count], 10), window_means(centre[-count:], 10)
-    value, low, high = _bootstrap([late, early], lambda late, early: float(late.mean() - early.mean()))
-    return [judged(claim, variant, (value, low, high), (value, low, high), {}, key=("weights", variant),
-                    note=f"first and last {count} of {len(centre)} steps, {len(early)} windows each")]
+        return np.nansum(w * positions, axis=1) / np.nansum(w, axis=1)
 
+
+def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:
+    """The mean weighted block position sum_j j w_j / sum_j w_j of D-PACE's logged weights: its average over
+    the last ``window`` of training minus that over the first (in steps, fraction of all); every training seed,
+    averaged over the seeds (:func:`_over_seeds`)."""
+    variants = _main_variants(results, "dpace")
+    points, draws = [], []
+    for variant in variants:
+        centre = _weighted_position(_logged_weights(results, variant))
+        count = max(1, math.ceil(float(claim["measure"].get("window", 0.1)) * len(centre)))
+        # Contiguous windows of each stretch are resampled, not steps: neighbouring steps' weights move together.
+        early, late = window_means(centre[:count], 10), window_means(centre[-count:], 10)
+        point, values = _bootstrap_draws([late, early], lambda late, early: float(late.mean() - early.mean()))
+        points.append(point)
+        draws.append(values)
+    estimate = _over_seeds(points, draws)
+    seeds = len(variants)
+    return [judged(claim, variants[0], estimate, estimate, {}, key=("weights", variants[0]), seeds=seeds,
+                   note=f"first and last {count} of {len(centre)} steps, {len(early)} windows each"
+                        + (f", {seeds} training seeds" if seeds > 1 else ""))]
 
 
 MEASURES: dict[str, Callable[[dict, Path], list[Finding]]] = {
