@@ -183,6 +183,19 @@ def _bootstrap(samples: Sequence[np.ndarray], statistic: Callable[..., float]) -
     return point, float(low), float(high)
 
 
+def _selected(frame: pd.DataFrame, name: str, steps: Sequence[tuple]) -> pd.DataFrame:
+    """``frame`` through each (what, column, filter) of ``steps``; ``NotRun`` naming the first that keeps no row
+    and what the file holds in that column, so a claim is *not run* for a true reason (the run did not evaluate
+    it), never for a filter the run could not meet."""
+    for what, column, keep in steps:
+        kept = keep(frame)
+        if kept.empty:
+            held = f" (it holds {', '.join(map(str, sorted(frame[column].astype(str).unique())))})" if column else ""
+            raise NotRun(f"no {what} in {name}{held}")
+        frame = kept
+    return frame
+
+
 def _benchmark_rows(frame: pd.DataFrame, benchmark: str) -> pd.DataFrame:
     """``every``: each benchmark's own rows (not the average); else the rows of ``benchmark`` (``avg`` default)."""
     if benchmark == "every":
@@ -200,10 +213,13 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
     where = dict(m.get("where", {}))
     frame = _with_variant_columns(frame, results, m["experiment"], where)
     benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
-    candidates = _filtered(_at_epoch(frame[frame["objective"] == m["objective"]], m.get("epoch")), where)
-    rows = _benchmark_rows(candidates[candidates["metric"] == metric], benchmark)
-    if rows.empty:
-        raise NotRun(f"no {m['objective']} rows in metrics/{m['experiment']}_comparisons.csv")
+    rows = _selected(frame, f"metrics/{m['experiment']}_comparisons.csv", [
+        (f"{m['objective']} drafter", "objective", lambda f: f[f["objective"] == m["objective"]]),
+        (f"epoch {m.get('epoch', 'final')} of {m['objective']}", "epoch", lambda f: _at_epoch(f, m.get("epoch"))),
+        (f"{m['objective']} drafter with {where}", None, lambda f: _filtered(f, where)),
+        (f"{metric} rows of {m['objective']}", "metric", lambda f: f[f["metric"] == metric]),
+        (f"benchmark {benchmark} of {m['objective']}", "benchmark", lambda f: _benchmark_rows(f, benchmark)),
+    ])
     # DFlash's tau in each cell (the tau rows' reference), whatever metric the claim reads.
     cell_of = ["reference_variant", "temperature", "epoch", "suite", "benchmark"]
     dflash_tau = {tuple(r[cell_of]): float(r["reference_value"]) for _, r in frame[frame["metric"] == "tau"].iterrows()}
@@ -258,8 +274,12 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
     m = claim["measure"]
     metrics = read_csv(results, f"{m['experiment']}.csv")
     benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
-    rows = metrics if benchmark == "avg" else metrics[metrics["benchmark"] == benchmark]
-    rows = _filtered(_at_epoch(rows, m.get("epoch")), dict(m.get("where", {})))
+    where = dict(m.get("where", {}))
+    rows = _selected(metrics, f"metrics/{m['experiment']}.csv", [
+        (f"benchmark {benchmark}", "benchmark", lambda f: f if benchmark == "avg" else f[f["benchmark"] == benchmark]),
+        (f"epoch {m.get('epoch', 'final')}", "epoch", lambda f: _at_epoch(f, m.get("epoch"))),
+        (f"drafter with {where}", None, lambda f: _filtered(f, where)),
+    ])
     terms = m["terms"]
     # Cells: every cell column that no term picks itself (Table 4's terms pick their block sizes).
     chosen = {key for term in terms for key in term if key != "weight"}

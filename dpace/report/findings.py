@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
+from dpace.claims import NOT_MEASURABLE, ClaimsError, validate_claims
 from dpace.io import atomic_write_text
 from dpace.report.claim_measures import MEASURES, measure_gradient, read_csv
 from dpace.report.metrics_frame import skipped_requests_text
@@ -37,7 +37,6 @@ from dpace.report.verdicts import (
     INCONCLUSIVE,
     NOT_RUN,
     REPRODUCED,
-    SCALES,
     VERDICTS,
     Finding,
     NotRun,
@@ -49,44 +48,18 @@ from dpace.report.verdicts import (
 __all__ = ["BEYOND", "CONTRADICTED", "INCONCLUSIVE", "NOT_RUN", "REPRODUCED", "VERDICTS", "Finding", "NotRun",
            "Region", "checkout_commit", "claim_verdict", "findings", "gradients", "headline", "not_measurable",
            "read_claims", "real_claims", "scorecard", "write_findings"]
-CLAIM_KEYS = ("id", "claim", "paper", "source", "paper_value", "measure", "verdict")
-NOT_MEASURABLE = "not_measurable"
 
 
 def read_claims(path: str | Path) -> list[dict]:
-    """The claims file, each entry checked for the keys the scorecard needs and a unit that its measure has."""
-    claims = yaml.safe_load(Path(path).read_text())
-    if not isinstance(claims, list):
-        raise ValueError(f"{path}: expected a list of claims")
-    seen = set()
-    for claim in claims:
-        kind = claim.get("measure", {}).get("kind")
-        required = ("id", "claim", "paper", "source", "measure", "reason") if kind == NOT_MEASURABLE else CLAIM_KEYS
-        missing = [k for k in required if k not in claim]
-        if missing:
-            raise ValueError(f"{path}: claim {claim.get('id', '?')!r} lacks {missing}")
-        if claim["id"] in seen:
-            raise ValueError(f"{path}: claim id {claim['id']!r} appears twice")
-        seen.add(claim["id"])
-        if kind == NOT_MEASURABLE:
-            continue
-        if kind not in MEASURES:
-            raise ValueError(f"{path}: claim {claim['id']!r}: unknown measure kind {kind!r}")
-        _check_scale(claim, path)
-        if "paper_factor" in claim["verdict"] and not claim.get("paper_cells"):
-            raise ValueError(f"{path}: claim {claim['id']!r}: paper_factor needs paper_cells")
-        Region.of(claim["verdict"], 1.0)
+    """The claims file, checked before anything is measured (``dpace.claims.validate_claims``: the schema
+    ``workflow/schemas/claims.schema.yaml``, which refuses unknown keys, the registries' names, unique ids, a
+    unit that the claim's measure has); a ``ClaimsError`` (a ``ValueError``) names the claim and the key."""
+    claims = validate_claims(path)
+    for claim in real_claims(claims):
+        if claim["measure"]["kind"] not in MEASURES:  # in the schema's enum, but no code measures it
+            raise ClaimsError(f"{path}: claim {claim['id']!r}: measure.kind {claim['measure']['kind']!r} has no "
+                              f"measure in dpace.report.claim_measures.MEASURES")
     return claims
-
-
-def _check_scale(claim: dict, path) -> None:
-    """Only comparisons have a reference to divide by; a step time is a ratio already. Anything else would be
-    judged in a unit it is not in (a relative band against an absolute difference)."""
-    scale, kind = claim["verdict"].get("scale"), claim["measure"]["kind"]
-    allowed = {"comparison": SCALES, "step_time": ("relative",)}.get(kind, ("absolute",))
-    if (scale or ("absolute" if kind != "step_time" else None)) not in allowed:
-        raise ValueError(f"{path}: claim {claim['id']!r}: scale {scale!r} does not apply to a {kind} measure "
-                         f"(allowed: {', '.join(allowed)})")
 
 
 def real_claims(claims: Sequence[dict]) -> list[dict]:

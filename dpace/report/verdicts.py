@@ -49,6 +49,8 @@ class Region:
         if "between" in rule:
             low, high = (float(x) for x in rule["between"])
             return cls(low, high)
+        if "above" not in rule and "below" not in rule:  # never "< +inf": a misspelt rule would hold for anything
+            raise ValueError(f"verdict {rule}: no region (above, below, between or paper_factor)")
         return cls(float(rule.get("above", -math.inf)), float(rule.get("below", math.inf)))
 
     def text(self, relative: bool) -> str:

@@ -7,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
+from dpace.claims import ClaimsError, validate_claims
 from dpace.config import (
     ConfigError,
     all_variants,
@@ -139,6 +140,11 @@ def artifact_inputs(name):
 
 
 CLAIMS = os.path.join(workflow.basedir, "workflow", "claims.yaml")
+# The claims are checked before any job, as the config is: a misspelt key or name fails here, not on the page.
+try:
+    validate_claims(CLAIMS)
+except ClaimsError as error:
+    raise WorkflowError(f"invalid claims: {error}") from None
 
 
 def built_metrics(wildcards):
