@@ -738,3 +738,65 @@ def test_a_cell_of_too_few_prompts_gets_no_interval_and_decides_nothing(tmp_path
     assert (few.verdict, enough.verdict) == (INCONCLUSIVE, CONTRADICTED)
     assert few.value == -0.20 and math.isnan(few.low) and math.isnan(few.high)
     assert claim_verdict([few]) == INCONCLUSIVE and claim_verdict([few, enough]) == CONTRADICTED
+
+
+def check_finding_groups(results: Path) -> None:
+    """Four claims, two independent findings: Accept-rate's collapse and D-PACE at alpha = 0's read
+    bit-identical drafters (different names, identical records), and Top-3 above Accept-rate names the
+    collapse's finding in the claims file; D-PACE above DFlash stands alone."""
+    taus = list(np.linspace(1.0, 1.05, 12))
+    rows = [write_evaluation(results, "ar-x", "accept-rate", taus), write_evaluation(results, "a0-x", "dpace-alpha0", taus),
+            write_evaluation(results, "top3-x", "topk-prefix", [t + 0.4 for t in taus])]
+    (results / "metrics").mkdir(exist_ok=True)
+    pd.DataFrame(rows).to_csv(results / "metrics" / "ablation.csv", index=False)
+    collapse = {**ABOVE_DFLASH, "verdict": {"between": [1.0, 1.1]},
+                "measure": {"kind": "contrast", "experiment": "ablation", "terms": [{"objective": "accept-rate"}]}}
+    claims = [
+        {**collapse, "id": "accept-rate-collapses"},
+        {**collapse, "id": "alpha-0-collapses", "measure": {**collapse["measure"], "terms": [{"objective": "dpace-alpha0"}]}},
+        {**ABOVE_DFLASH, "id": "top3-above-accept-rate", "finding": "collapse",
+         "measure": {"kind": "contrast", "experiment": "ablation",
+                     "terms": [{"objective": "topk-prefix"}, {"objective": "accept-rate", "weight": -1}]}},
+        {**ABOVE_DFLASH, "id": "dpace-above-dflash"},
+    ]
+    claims[0]["finding"] = "collapse"
+    write_comparisons(results, [comparison_row(1, 0.2, 0.1, 0.3)])
+    found = findings.findings(claims, results)
+    page = findings.scorecard(found, config_name="c.yaml", commit="abc")
+    line = findings.headline(page)
+    assert line.startswith("**4 claims:** **4** reproduced")
+    assert "**2 independent findings:** **2** reproduced" in line
+    listed = page.split("Independent findings of several claims", 1)[1].split("\n\n", 2)[1]
+    assert "`accept-rate-collapses`, `alpha-0-collapses`, `top3-above-accept-rate`" in listed
+    assert "identical per-request records (bit-identical drafters)" in listed and "`finding: collapse`" in listed
+
+
+def test_claims_of_one_finding_are_counted_once(tmp_path):
+    check_finding_groups(tmp_path)
+
+
+@pytest.mark.parametrize("broken", ["ignore_finding_key", "ignore_identical_records", "every_claim_alone"])
+def test_a_broken_grouping_fails_the_finding_count(tmp_path, monkeypatch, broken):
+    if broken == "every_claim_alone":
+        monkeypatch.setattr(scorecard_page, "finding_groups", lambda by_claim: {c: [c] for c in by_claim})
+    elif broken == "ignore_identical_records":
+        monkeypatch.setattr(claim_measures, "records_digest", lambda weights, drafters, metric: "")
+    else:
+        original = scorecard_page.finding_groups
+
+        def without_key(by_claim):
+            for cells in by_claim.values():
+                for f in cells:
+                    f.claim = {k: v for k, v in f.claim.items() if k != "finding"}
+            return original(by_claim)
+        monkeypatch.setattr(scorecard_page, "finding_groups", without_key)
+    with pytest.raises(AssertionError):
+        check_finding_groups(tmp_path)
+
+
+def test_the_digest_tells_identical_drafters_from_different_ones():
+    records = {"math500": requests([1.0, 1.02, 1.04])}
+    same = claim_measures.records_digest([1.0], [[records]], "tau")
+    assert same == claim_measures.records_digest([1.0], [[{"math500": requests([1.0, 1.02, 1.04])}]], "tau")
+    assert same != claim_measures.records_digest([1.0], [[{"math500": requests([1.0, 1.02, 1.05])}]], "tau")
+    assert same != claim_measures.records_digest([-1.0], [[records]], "tau")

@@ -10,6 +10,8 @@ how a gain moves with scale (``dpace.report.scale``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -270,6 +272,16 @@ def _by_seed(rows: pd.DataFrame) -> pd.DataFrame | None:
     return rows.sort_values("seed_key")
 
 
+def records_digest(weights: Sequence[float], drafters: Sequence[Sequence[dict]], metric: str) -> str:
+    """A digest of what a contrast reads: its weights and each drafter's per-request records (prompt id and
+    tau, or its times for SR) by seed and benchmark. Two claims reading bit-identical drafters (Accept-rate and
+    D-PACE at alpha = 0 share their gradient) get the same digest whatever the drafters are called."""
+    fields = ("tau",) if metric == "tau" else ("ar_tpot_s", "spec_tpot_s")
+    content = [[float(w), [sorted([b, str(r["id"]), *(repr(r.get(f)) for f in fields)] for b in seed for r in seed[b])
+                           for seed in seeds]] for w, seeds in zip(weights, drafters, strict=True)]
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def measure_contrast(claim: dict, results: Path) -> list[Finding]:
     m = claim["measure"]
     metrics = read_csv(results, f"{m['experiment']}.csv")
@@ -302,12 +314,14 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
                 f"{k} {p.iloc[0][k]}" if v in ("largest", "smallest") else str(v)
                 for k, v in term.items() if k != "weight") for term, p, w in zip(terms, picked, weights, strict=True))
         estimate = (result["value"], result["ci_low"], result["ci_high"])
+        digest = records_digest(weights, [[{b: by_benchmark[b] for b in common} for by_benchmark in d]
+                                          for d in drafters], metric)
         key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
                benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
         out.append(judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
                            reference_tau=_dflash_tau(cell), num_prompts=int(result["num_prompts"]), seeds=seeds,
                            note=f"n={result['num_prompts']} prompts" + (f", {seeds} training seeds" if seeds > 1 else ""),
-                           drafters=f"contrast ({metric})"))
+                           drafters=f"contrast ({metric})", digest=digest))
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")
     return out

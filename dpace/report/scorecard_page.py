@@ -10,6 +10,7 @@ import numpy as np
 from dpace.report.verdicts import (
     BEYOND,
     CONTRADICTED,
+    INCONCLUSIVE,
     NOT_RUN,
     REPRODUCED,
     VERDICTS,
@@ -42,6 +43,49 @@ def scale_mark(claim: dict, measured: Sequence[dict]) -> str:
             f"{g['cell']}: {g['slope']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}] per unit of "
             f"{g['stratifier']}'s tau across {g['over']}s" for g in backed) + "." + conjecture
     return "no gradient detected across " + ", ".join(f"{g['over']}s ({g['cell']})" for g in measured) + "." + conjecture
+
+
+# --- independent findings ---------------------------------------------------------------------------------
+
+def finding_groups(by_claim: dict[str, list[Finding]]) -> dict[str, list[str]]:
+    """The claims grouped into independent findings: claims naming one ``finding`` in the claims file (one
+    implied by another, or two readings of one measurement), and claims that read identical records (a cell
+    ``digest`` in common: bit-identical drafters, whatever they are called), joined transitively. Each group is
+    keyed by its first claim's id; a claim alone is its own group."""
+    parent = {claim_id: claim_id for claim_id in by_claim}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    def join(a: str, b: str) -> None:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            first, second = sorted((ra, rb), key=list(by_claim).index)
+            parent[second] = first
+
+    first_of: dict[tuple, str] = {}
+    for claim_id, cells in by_claim.items():
+        named = cells[0].claim.get("finding")
+        marks = ([("finding", named)] if named else []) + [("digest", f.digest) for f in cells if f.digest]
+        for mark in marks:
+            join(first_of.setdefault(mark, claim_id), claim_id)
+    groups: dict[str, list[str]] = {}
+    for claim_id in by_claim:
+        groups.setdefault(root(claim_id), []).append(claim_id)
+    return groups
+
+
+def group_verdict(words: Sequence[str]) -> str:
+    """One independent finding's verdict from its claims': as a claim's from its cells (reproduced only if
+    every measured claim is, contradicted if any is; not run if none was measured)."""
+    measured = [w for w in words if w not in (NOT_RUN, BEYOND)]
+    if not measured:
+        return NOT_RUN if NOT_RUN in words else BEYOND
+    if CONTRADICTED in measured:
+        return CONTRADICTED
+    return REPRODUCED if all(w == REPRODUCED for w in measured) else INCONCLUSIVE
 
 
 # --- the page -----------------------------------------------------------------------------------------------
@@ -115,6 +159,24 @@ def claims_table(by_claim: dict[str, list[Finding]], verdicts: dict[str, str], g
     return lines
 
 
+def findings_list(groups: dict[str, list[str]], by_claim: dict[str, list[Finding]]) -> list[str]:
+    """The independent findings of several claims each, and why they are one."""
+    shared = {g: members for g, members in groups.items() if len(members) > 1}
+    if not shared:
+        return []
+    lines = ["Independent findings of several claims (counted once in the headline):", ""]
+    for members in shared.values():
+        named = sorted({by_claim[c][0].claim["finding"] for c in members if by_claim[c][0].claim.get("finding")})
+        digests = [c for c in members if any(f.digest for f in by_claim[c])]
+        same = {f.digest for f in by_claim[members[0]] if f.digest}
+        identical = [c for c in digests if same & {f.digest for f in by_claim[c] if f.digest}]
+        why = ([f"`finding: {n}` in the claims file" for n in named]
+               + (["identical per-request records (bit-identical drafters): " + ", ".join(f"`{c}`" for c in identical)]
+                  if len(identical) > 1 else []))
+        lines.append(f"- {', '.join(f'`{c}`' for c in members)}: {'; '.join(why)}")
+    return [*lines, ""]
+
+
 def cells_table(found: Sequence[Finding]) -> list[str]:
     """One row per measurement (drafters, metric, cell), however many claims read it."""
     lines = ["| run cell | measured (absolute) [95% CI] | DFlash tau: run / paper | claims reading it: in the claim's "
@@ -162,6 +224,10 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         by_claim.setdefault(f.claim["id"], []).append(f)
     verdicts = {claim_id: claim_verdict(cells) for claim_id, cells in by_claim.items()}
     counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS}
+    groups = finding_groups(by_claim)
+    group_verdicts = {g: group_verdict([verdicts[c] for c in members]) for g, members in groups.items()}
+    group_counts = {v: sum(x == v for x in group_verdicts.values()) for v in VERDICTS}
+    counted_groups = sum(group_counts.values())
     beyond_claims = sum(x == BEYOND for x in verdicts.values())
     measured = [f for f in found if f.verdict != NOT_RUN]
     beyond_cells = sum(f.paper_cell is None for f in measured)
@@ -172,6 +238,8 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         "",
         f"**{sum(counts.values())} claims:** " + " | ".join(f"**{counts[v]}** {v}" for v in VERDICTS)
         + (f" ({beyond_claims} more measured only beyond the paper, not counted)" if beyond_claims else "")
+        + f". **{counted_groups} independent findings:** " + " | ".join(f"**{group_counts[v]}** {v}" for v in VERDICTS)
+        + " (claims implied by another or reading the same measurement counted once)"
         + f". {len(unmeasurable)} more claims are not measurable here.",
         "",
         f"Cells: {len(measured) - beyond_cells} measured in settings the paper reported, {beyond_cells} beyond the "
@@ -189,6 +257,7 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         "",
         *claims_table(by_claim, verdicts, grads),
         "",
+        *findings_list(groups, by_claim),
         "## Cells",
         "",
         "Each measured drafter pair once, with every claim that reads it. DFlash's tau in the run's cell against "

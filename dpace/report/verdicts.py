@@ -132,6 +132,7 @@ class Finding:
     seeds: int = 1
     paper_cell: dict | None = None  # the matched paper cell; None: beyond the paper
     drafters: str = ""  # which drafters the measurement reads, for the cells table
+    digest: str = ""  # the per-request records it reads (contrasts): equal for bit-identical drafters
 
 
 class NotRun(Exception):
