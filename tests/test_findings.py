@@ -800,3 +800,60 @@ def test_the_digest_tells_identical_drafters_from_different_ones():
     assert same == claim_measures.records_digest([1.0], [[{"math500": requests([1.0, 1.02, 1.04])}]], "tau")
     assert same != claim_measures.records_digest([1.0], [[{"math500": requests([1.0, 1.02, 1.05])}]], "tau")
     assert same != claim_measures.records_digest([-1.0], [[records]], "tau")
+
+
+MAGNITUDE = {**ABOVE_DFLASH, "id": "gain-size", "verdict": {"paper_factor": 2},
+             "paper_cells": [{"depth": 3, "block_size": 8, "temperature": 0, "value": 0.2, "source": "tex:375"},
+                             {"depth": 3, "block_size": 16, "temperature": 1, "value": 0.4, "source": "tex:295"}]}
+
+
+def check_own_setting(results: Path) -> None:
+    """A magnitude claim with a B = 8 paper cell at T = 0 and only a B = 16 one at T = 1; the run is B = 8 at both,
+    with a gain of +0.15 [+0.12, +0.18] at T = 1: inside the B = 16 band [+0.2, +0.8]? no; inside the band of the
+    paper's number scaled to B = 8 (x0.5: [+0.1, +0.4]) yes. Unscaled the cell would be contradicted against a
+    number from another block size; without a ratio it is beyond the paper."""
+    write_comparisons(results, [comparison_row(1, 0.15, 0.12, 0.18, block_size=8),
+                                comparison_row(1, 0.15, 0.12, 0.18, block_size=8, temperature=1.0)])
+    t0, t1 = findings.findings([MAGNITUDE], results)
+    assert (t0.verdict, t0.scope) == (REPRODUCED, "")
+    assert t1.verdict == findings.BEYOND and t1.paper_cell is None and t1.scope.startswith("beyond the paper: no B = 8")
+    scaled = {**MAGNITUDE, "block_scaling": [{"from": 16, "to": 8, "ratio": 0.5, "source": "tex:375,377"}]}
+    t0, t1 = findings.findings([scaled], results)
+    assert t1.verdict == REPRODUCED and t1.scope.startswith("scaled: the paper's B = 16 number x0.500")
+    assert verdicts.region_of(t1) == Region(0.1, 0.4)
+    page = findings.scorecard([t0, t1], config_name="c.yaml", commit="abc")
+    assert "1 judged against a paper number of another block size, scaled" in page
+    assert "B16 T1 x0.500 (B8 / B16)" in page and "(scaled: the paper's B = 16 number x0.500" in page
+    # An ordering does not depend on the paper's number: judged, and the page names the paper cell's block size.
+    ordering = {**MAGNITUDE, "verdict": {"above": 0}}
+    assert [f.verdict for f in findings.findings([ordering], results)] == [REPRODUCED, REPRODUCED]
+    assert findings.findings([ordering], results)[1].scope.startswith("the paper's cell is at B = 16 (none at B = 8)")
+
+
+def test_each_cell_is_judged_against_its_own_block_size(tmp_path):
+    check_own_setting(tmp_path)
+
+
+def test_judging_a_cell_against_another_block_size_fails_the_scope_check(tmp_path, monkeypatch):
+    monkeypatch.setattr(verdicts, "own_setting", lambda claim, attrs, paper: (paper, ""))
+    with pytest.raises(AssertionError):
+        check_own_setting(tmp_path)
+
+
+def test_the_claims_cells_at_another_block_size_are_scaled_or_beyond():
+    """The run's B = 8 cells whose paper cells are B = 16 only (issue 58): T = 1 of Table 1's gain, and every
+    epoch of Table 3 and Figure 3c."""
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+
+    def judged_at(claim_id, **attrs):
+        claim = claims[claim_id]
+        return verdicts.own_setting(claim, attrs, verdicts.match_paper_cell(claim, attrs))
+
+    paper, scope = judged_at("t1-dpace-tau-gain-about-10pct", temperature=1.0, block_size=8, depth=2)
+    assert scope.startswith("scaled") and verdicts.paper_value(claims["t1-dpace-tau-gain-about-10pct"], paper) == \
+        pytest.approx(0.513 * 0.33 / 2.86)
+    assert judged_at("t1-dpace-tau-gain-about-10pct", temperature=0.0, block_size=8, depth=2)[1] == ""
+    assert judged_at("f3c-dpace-12pct-every-epoch", temperature=0.0, block_size=8, epoch=3)[1].startswith("scaled")
+    for claim_id in ("t3-cumulative-only-10-12pct", "t3-continuation-only-about-2pct"):
+        assert judged_at(claim_id, temperature=0.0, block_size=8, epoch=4) == (
+            None, "beyond the paper: no B = 8 cell, and no B = 8 / B = 16 ratio for this claim")

@@ -140,12 +140,13 @@ def _row(cells: Sequence) -> str:
 
 
 def claims_table(by_claim: dict[str, list[Finding]], verdicts: dict[str, str], grads: dict[str, list[dict]]) -> list[str]:
-    lines = ["| claim | paper, source | unit | paper's cell: number (in the unit) | run cells (beyond the paper) "
+    lines = ["| claim | paper, source | unit | paper's cell: number (in the unit) | run cells (beyond the paper; scaled) "
              "| seeds | scale | verdict |", "|---|---|---|---|---|---|---|---|"]
     for cells in by_claim.values():
         c = cells[0].claim
         measured = [f for f in cells if f.verdict != NOT_RUN]
         beyond = sum(f.paper_cell is None for f in measured)
+        scaled = sum(bool(f.paper_cell and "scaled" in f.paper_cell) for f in measured)
         seeds = _seeds_text(cells)
         word = verdicts[c["id"]]
         shown = f"**{word}**" + (" (these drafters, one seed)" if seeds.startswith("these") and word in (
@@ -154,7 +155,7 @@ def claims_table(by_claim: dict[str, list[Finding]], verdicts: dict[str, str], g
             shown += f": {cells[0].note}"
         lines.append(_row([
             f"`{c['id']}`: {c['claim']}", f"{c['paper']}, `{c['source']}`", unit_text(c),
-            _paper_cells_text(c, cells), f"{len(measured) - beyond} ({beyond})", seeds,
+            _paper_cells_text(c, cells), f"{len(measured) - beyond} ({beyond}" + (f"; {scaled} scaled" if scaled else "") + ")", seeds,
             scale_mark(c, grads.get(c["id"], [])), shown]))
     return lines
 
@@ -192,7 +193,7 @@ def cells_table(found: Sequence[Finding]) -> list[str]:
         run_tau = f"{first.reference_tau:.3f}" if np.isfinite(first.reference_tau) else "--"
         readers = "; ".join(
             f"`{f.claim['id']}` {measured_text(f)}, {region_of(f).text(is_fraction(f.claim)) if f.paper_cell is not None else '--'}, "
-            f"**{f.verdict}**" for f in cells)
+            f"**{f.verdict}**" + (f" ({f.scope})" if f.scope else "") for f in cells)
         lines.append(_row([(f"{first.drafters}: " if first.drafters else "") + first.cell, _raw_text(first) + (f" ({first.note})" if first.note else ""),
                            f"{run_tau} / {paper_tau}", readers]))
     return lines
@@ -231,6 +232,7 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
     beyond_claims = sum(x == BEYOND for x in verdicts.values())
     measured = [f for f in found if f.verdict != NOT_RUN]
     beyond_cells = sum(f.paper_cell is None for f in measured)
+    scaled_cells = sum(bool(f.paper_cell and "scaled" in f.paper_cell) for f in measured)
     lines = [
         "# Findings: the paper's claims against this run",
         "",
@@ -243,7 +245,9 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         + f". {len(unmeasurable)} more claims are not measurable here.",
         "",
         f"Cells: {len(measured) - beyond_cells} measured in settings the paper reported, {beyond_cells} beyond the "
-        "paper (shown, not counted).",
+        "paper (shown, not counted)" + (f"; {scaled_cells} judged against a paper number of another block size, "
+                                        "scaled by the paper's own ratio between the two (Table 4)" if scaled_cells else "")
+        + ".",
         "",
         *([f"**Warning:** {skipped}", ""] if skipped else []),
         "A claim is *reproduced* only if every cell the paper reported is (its 95% interval inside the claimed "
