@@ -128,7 +128,8 @@ def test_a_claim_without_its_artifacts_is_not_run_and_still_listed(tmp_path):
                               unmeasurable=findings.not_measurable(claims))
     not_run = {f.claim["id"] for f in found if f.verdict == NOT_RUN}
     assert page.count("**not run**") == len(not_run) > 0  # once per claim, not per cell
-    assert f"**{len(not_run)}** not run" in findings.headline(page)
+    counted = {c for c in not_run if not by_id[c].claim.get("by_construction")}  # shown, never counted
+    assert f"**{len(counted)}** not run" in findings.headline(page)
     assert "config.yaml @ abc1234" in page or "`config.yaml`, commit `abc1234`" in page
     for claim in findings.not_measurable(claims):  # each listed with its reason
         assert f"`{claim['id']}`" in page and claim["reason"] in page
@@ -857,3 +858,125 @@ def test_the_claims_cells_at_another_block_size_are_scaled_or_beyond():
     for claim_id in ("t3-cumulative-only-10-12pct", "t3-continuation-only-about-2pct"):
         assert judged_at(claim_id, temperature=0.0, block_size=8, epoch=4) == (
             None, "beyond the paper: no B = 8 cell, and no B = 8 / B = 16 ratio for this claim")
+
+
+# --- issue 58: the missing claims ----------------------------------------------------------------------------
+
+def write_ablation(results: Path, cumulative_share: float) -> None:
+    """MATH-500 at epoch 6, B = 16: DFlash, D-PACE 0.2 above it, cumulative-only ``cumulative_share`` of that gain."""
+    base = list(np.linspace(1.5, 2.5, 12))
+    noise = np.random.default_rng(8).normal(0, 0.01, 12)
+    noise -= noise.mean()  # the gains are exactly 0.2 and 0.2 x share on average
+    rows = [write_evaluation(results, "dflash-x", "dflash", base),
+            write_evaluation(results, "dpace-x", "dpace", [t + 0.2 + n for t, n in zip(base, noise, strict=True)]),
+            write_evaluation(results, "cum-x", "dpace-cumulative",
+                             [t + 0.2 * cumulative_share - n for t, n in zip(base, noise, strict=True)])]
+    (results / "metrics").mkdir(exist_ok=True)
+    pd.DataFrame(rows).to_csv(results / "metrics" / "ablation.csv", index=False)
+
+
+@pytest.mark.parametrize(("share", "expected"), [(0.9, REPRODUCED), (0.2, CONTRADICTED)])
+def test_a_ratio_of_two_contrasts_says_how_much_of_the_gain_one_part_carries(tmp_path, share, expected):
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    write_ablation(tmp_path, share)
+    [found] = findings.findings([claims["t3-cumulative-carries-most-of-the-gain"]], tmp_path)
+    assert found.value == pytest.approx(share) and found.verdict == expected
+    assert found.low < found.value < found.high and "/ (" in found.cell
+
+
+def test_a_ratio_whose_denominator_may_be_zero_has_no_interval(tmp_path):
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    base = list(np.linspace(1.5, 2.5, 12))
+    wobble = np.random.default_rng(9).normal(0, 0.05, 12)
+    rows = [write_evaluation(tmp_path, "dflash-x", "dflash", base),
+            write_evaluation(tmp_path, "dpace-x", "dpace", [t + w for t, w in zip(base, wobble, strict=True)]),
+            write_evaluation(tmp_path, "cum-x", "dpace-cumulative", [t + 0.1 for t in base])]
+    (tmp_path / "metrics").mkdir()
+    pd.DataFrame(rows).to_csv(tmp_path / "metrics" / "ablation.csv", index=False)
+    [found] = findings.findings([claims["t3-cumulative-carries-most-of-the-gain"]], tmp_path)
+    assert math.isnan(found.low) and found.verdict == INCONCLUSIVE
+
+
+def write_blocks(results: Path, sum_q_noise: float, bins_rise: bool = True) -> None:
+    write_training(results, np.ones((4, 4)), (0.3, 0.3))
+    generator = np.random.default_rng(3)
+    surrogate = generator.random(200) * 3
+    tau = surrogate + 0.1 * generator.random(200) if bins_rise else 2.0 + 0.1 * generator.random(200)
+    pd.DataFrame({"variant": "dflash-x", "benchmark": "math500", "temperature": 0.0, "epoch": 2,
+                  "prompt_index": np.repeat(np.arange(20), 10), "surrogate": surrogate, "tau_block": tau,
+                  "sum_q": surrogate + sum_q_noise * generator.random(200)}).to_csv(
+        results / "metrics" / "main_blocks.csv", index=False)
+
+
+def test_the_sum_of_q_correlation_and_the_binned_rise(tmp_path):
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    write_blocks(tmp_path, sum_q_noise=1.6)
+    [rho] = findings.findings([claims["t8-sum-q-rho-about-079"]], tmp_path)
+    [surrogate] = findings.findings([claims["t8-surrogate-strongly-correlated"]], tmp_path)
+    assert rho.value < surrogate.value and rho.key != surrogate.key  # of: sum_q reads the other column
+    [rise] = findings.findings([claims["f1a-binned-tau-rises-with-surrogate"]], tmp_path)
+    assert rise.verdict == REPRODUCED and rise.value > 0
+    write_blocks(tmp_path, sum_q_noise=1.6, bins_rise=False)
+    [flat] = findings.findings([claims["f1a-binned-tau-rises-with-surrogate"]], tmp_path)
+    assert flat.verdict != REPRODUCED
+    assert claim_measures.smallest_bin_rise(np.array([[1, 1.0], [2, 2.0], [3, 1.5], [4, 4.0]]), 4) == -0.5
+
+
+@pytest.mark.parametrize(("noise", "expected"), [(0.05, REPRODUCED), (0.0, CONTRADICTED)])
+def test_weights_varying_across_updates_are_told_from_a_smooth_course(tmp_path, noise, expected):
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    progress = np.linspace(0, 1, 60)[:, None]
+    weights = np.array([[1.0, 0.6, 0.3, 0.1]]) + progress * np.array([[0.0, 0.2, 0.5, 0.8]])
+    weights = weights * (1 + noise * np.random.default_rng(5).standard_normal(weights.shape))
+    write_training(tmp_path, weights, (0.3, 0.3))
+    [found] = findings.findings([claims["f3b-weights-vary-across-updates"]], tmp_path)
+    assert found.verdict == expected
+
+
+def write_smoothing(results: Path, alive_at: float) -> None:
+    """The smoothing sweep's training logs: the drafter at alpha ``alive_at`` keeps weight on later positions,
+    the other's later weights vanish."""
+    (results / "metrics").mkdir(exist_ok=True)
+    pd.DataFrame([{"variant": f"dpace-a{a}", "objective": "dpace", "alpha": a, "depth": 1, "block_size": 4}
+                  for a in (0.0, 0.5)] + [{"variant": "dflash-x", "objective": "dflash", "alpha": math.nan,
+                                           "depth": 1, "block_size": 4}]).to_csv(results / "metrics" / "smoothing.csv")
+    noise = np.random.default_rng(6)
+    rows = []
+    for alpha in (0.0, 0.5):
+        shape = [1.0, 0.8, 0.6, 0.5] if alpha == alive_at else [1.0, 0.1, 0.001, 0.0]
+        rows += [{"variant": f"dpace-a{alpha}", "step": step, **{f"w_{j}": x * (1 + 0.02 * noise.random())
+                                                                 for j, x in enumerate(shape)}} for step in range(50)]
+    pd.DataFrame(rows).to_csv(results / "metrics" / "smoothing_train_steps.csv", index=False)
+
+
+@pytest.mark.parametrize(("alive_at", "expected"), [(0.5, REPRODUCED), (0.0, CONTRADICTED)])
+def test_smoothing_keeping_later_weights_alive_is_read_from_the_alpha_0_weights(tmp_path, alive_at, expected):
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    write_smoothing(tmp_path, alive_at)
+    [found] = findings.findings([claims["t5-smoothing-keeps-later-weights"]], tmp_path)
+    assert found.verdict == expected and "dpace-a0.5 - dpace-a0.0" in found.cell
+
+
+def test_a_claim_that_holds_by_construction_is_shown_and_not_counted(tmp_path):
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    progress = np.linspace(0, 1, 40)[:, None]
+    write_training(tmp_path, np.array([[1.0, 0.6, 0.3, 0.1]]) + progress * np.array([[0.0, 0.2, 0.5, 0.8]]), (0.3, 0.3))
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3)])
+    found = findings.findings([claims["f3-weight-moves-later"], ABOVE_DFLASH], tmp_path)
+    page = findings.scorecard(found, config_name="c.yaml", commit="abc")
+    assert findings.headline(page).startswith("**1 claims:** **1** reproduced")
+    assert "(1 more hold by construction: shown, not counted)" in findings.headline(page)
+    assert "(by construction, not counted:" in page and "`f3-weight-moves-later`" in page
+
+
+def test_the_new_claims_of_issue_58_are_in_the_claims_file():
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    assert {"t1-top3-sr-below-dflash", "t1-dpace-sr-above-top3", "t1-accept-rate-sr-below-dflash",
+            "t1-dpace-speedup-about-9pct", "t4-sr-gain-at-every-block-size", "t6-target-prob-sr-closer-to-dflash",
+            "t3-continuation-7-9pct-below-dpace", "t3-cumulative-carries-most-of-the-gain",
+            "t5-alpha-09-removes-most-of-the-gain", "t5-alpha-03-comparable-to-05", "t5-alpha-07-stable",
+            "t8-sum-q-rho-about-079", "f1a-binned-tau-rises-with-surrogate", "f3b-weights-vary-across-updates",
+            "t5-smoothing-keeps-later-weights", "nm-up-to-447x"} <= set(claims)
+    assert "nm-alpha-stable-03-07" not in claims  # alpha 0.3 and 0.7 are swept (config.yaml)
+    assert {0.3, 0.7} <= set(yaml.safe_load((REPO / "config.yaml").read_text())["experiments"]["smoothing"]["alphas"])
+    assert claims["f3-weight-moves-later"]["by_construction"]

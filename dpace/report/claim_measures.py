@@ -292,7 +292,8 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         (f"epoch {m.get('epoch', 'final')}", "epoch", lambda f: _at_epoch(f, m.get("epoch"))),
         (f"drafter with {where}", None, lambda f: _filtered(f, where)),
     ])
-    terms = m["terms"]
+    ratio = m["kind"] == "ratio"
+    terms = [*m["numerator"], *m["denominator"]] if ratio else m["terms"]
     # Cells: every cell column that no term picks itself (Table 4's terms pick their block sizes).
     chosen = {key for term in terms for key in term if key != "weight"}
     cell_keys = [c for c in CELL_COLUMNS if c not in chosen]
@@ -305,26 +306,52 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         drafters = [[_requests(results, row, benchmarks) for _, row in p.iterrows()] for p in picked]
         common = sorted(set.intersection(*(set(b) for d in drafters for b in d)))
         weights = [float(t.get("weight", 1.0)) for t in terms]
-        result = paired_contrast([[{b: by_benchmark[b] for b in common} for by_benchmark in d] for d in drafters],
-                                 weights, metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+        records = [[{b: by_benchmark[b] for b in common} for by_benchmark in d] for d in drafters]
+        if ratio:  # one contrast over the other, both on the same seed and prompt draws (the same drafters)
+            split = len(m["numerator"])
+            parts = [paired_contrast(records, [w if (i < split) == numerator else 0.0 for i, w in enumerate(weights)],
+                                     metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+                     for numerator in (True, False)]
+            offset = float(m.get("denominator_offset", 0.0))
+            result = _ratio(parts[0], parts[1], offset)
+        else:
+            result = paired_contrast(records, weights, metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
         seeds = result["num_seeds"]
         label = _cell_label(cell.iloc[0][cell_keys])
         if len(terms) > 1:  # which drafters, with the values that largest/smallest picked
-            label += "".join(f", {w:+g} x " + " ".join(
-                f"{k} {p.iloc[0][k]}" if v in ("largest", "smallest") else str(v)
-                for k, v in term.items() if k != "weight") for term, p, w in zip(terms, picked, weights, strict=True))
+            texts = [f"{w:+g} x " + " ".join(f"{k} {p.iloc[0][k]}" if v in ("largest", "smallest") else str(v)
+                                              for k, v in term.items() if k != "weight")
+                     for term, p, w in zip(terms, picked, weights, strict=True)]
+            if ratio:
+                label += f", ({' '.join(texts[:split])}) / ({' '.join(texts[split:])}" + (
+                    f" {offset:+g}" if offset else "") + ")"
+            else:
+                label += "".join(f", {t}" for t in texts)
         estimate = (result["value"], result["ci_low"], result["ci_high"])
-        digest = records_digest(weights, [[{b: by_benchmark[b] for b in common} for by_benchmark in d]
-                                          for d in drafters], metric)
-        key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
+        digest = "" if ratio else records_digest(weights, records, metric)
+        key = (m["kind"], tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
                benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
         out.append(judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
                            reference_tau=_dflash_tau(cell), num_prompts=int(result["num_prompts"]), seeds=seeds,
                            note=f"n={result['num_prompts']} prompts" + (f", {seeds} training seeds" if seeds > 1 else ""),
-                           drafters=f"contrast ({metric})", digest=digest))
+                           drafters=f"{'ratio' if ratio else 'contrast'} ({metric})", digest=digest))
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")
     return out
+
+
+def _ratio(numerator: dict, denominator: dict, offset: float = 0.0) -> dict:
+    """numerator / (denominator + offset) of two ``paired_contrast`` results on the same draws: the ratio of each
+    resample's pair, its percentile interval. A denominator whose 95% interval reaches 0 leaves the ratio
+    unbounded: no interval (NaN), nothing decided."""
+    tail = (1.0 - LEVEL) / 2.0
+    below = denominator["resampled"] + offset
+    value = numerator["value"] / (denominator["value"] + offset) if denominator["value"] + offset else math.nan
+    low = high = math.nan
+    ends = (denominator["ci_low"] + offset, denominator["ci_high"] + offset)
+    if np.isfinite(below).all() and (min(ends) > 0 or max(ends) < 0):
+        low, high = (float(x) for x in np.quantile(numerator["resampled"] / below, [tail, 1.0 - tail]))
+    return {**numerator, "value": value, "ci_low": low, "ci_high": high}
 
 
 def _blocks_of(results: Path, variant: str) -> pd.DataFrame:
@@ -373,7 +400,7 @@ def _block_statistic(claim: dict, results: Path, statistic: Callable[[np.ndarray
     seeds = len(variants)
     note = f"{counts[0][0]} blocks, {counts[0][1]} prompts" + (f" (seed 1 of {seeds})" if seeds > 1 else "")
     return [judged(claim, f"{variants[0]} MATH-500 T0", estimate, estimate, {"temperature": 0.0},
-                   key=("blocks", variants[0], claim["measure"]["kind"], claim["measure"].get("statistic", "")),
+                   key=("blocks", variants[0], *sorted((k, str(v)) for k, v in claim["measure"].items())),
                    seeds=seeds, note=note + (f", {seeds} training seeds" if seeds > 1 else ""))]
 
 
@@ -389,8 +416,26 @@ def _rho_gap(blocks: np.ndarray) -> float:
 
 
 def measure_correlation(claim: dict, results: Path) -> list[Finding]:
-    """Spearman rho(S~, tau_b) over the blocks of Table 1's shallowest DFlash drafter (Table 8, Figure 1a)."""
-    return _block_statistic(claim, results, lambda blocks: float(_rho(blocks)[0, 2]))
+    """Spearman rho(S~, tau_b) over the blocks of Table 1's shallowest DFlash drafter (Table 8, Figure 1a); ``of:
+    sum_q``: rho(sum q, tau_b) instead."""
+    column = BLOCK_COLUMNS.index(claim["measure"].get("of", "surrogate"))
+    return _block_statistic(claim, results, lambda blocks: float(_rho(blocks)[column, 2]))
+
+
+def smallest_bin_rise(blocks: np.ndarray, bins: int) -> float:
+    """The blocks cut into ``bins`` equal-count bins of S~ (the first column), the mean tau_b (the last) of each:
+    the smallest rise from one bin to the next. Above 0: binned tau rises with S~ at every bin (Figure 1a's line
+    of bin means)."""
+    order = np.argsort(blocks[:, 0], kind="stable")
+    means = np.array([chunk.mean() for chunk in np.array_split(blocks[order, -1], bins)])
+    return float(np.diff(means).min())
+
+
+def measure_bin_rise(claim: dict, results: Path) -> list[Finding]:
+    """Figure 1a: tau_b's bin means against S~ over the blocks of Table 1's shallowest DFlash drafter, the smallest
+    rise between neighbouring bins (``bins``, default 5); prompts resampled."""
+    bins = int(claim["measure"].get("bins", 5))
+    return _block_statistic(claim, results, lambda blocks: smallest_bin_rise(blocks, bins))
 
 
 def measure_correlation_gap(claim: dict, results: Path) -> list[Finding]:
@@ -463,13 +508,108 @@ def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:
                         + (f", {seeds} training seeds" if seeds > 1 else ""))]
 
 
+def _shares(w: np.ndarray) -> np.ndarray:
+    """Each step's weights as shares of the step's total weight ([steps, positions])."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return w / np.nansum(w, axis=1, keepdims=True)
+
+
+def update_variation(w: np.ndarray, trend_steps: int) -> np.ndarray:
+    """Per step, the mean over positions of the squared deviation of the weight shares from their trend (a
+    centred moving average over ``trend_steps`` steps): how far one update's weights move off the course the
+    training takes (Figure 3b's variation across updates, not Figure 3a's drift)."""
+    shares = _shares(w)
+    kernel = np.ones(trend_steps) / trend_steps
+    trend = np.stack([np.convolve(column, kernel, mode="same") for column in shares.T], axis=1)
+    half = trend_steps // 2
+    inner = slice(half, len(shares) - half)  # the moving average is whole only away from the ends
+    return np.nanmean((shares[inner] - trend[inner]) ** 2, axis=1)
+
+
+def measure_weight_variation(claim: dict, results: Path) -> list[Finding]:
+    """Figure 3b: the root-mean-square deviation of D-PACE's logged per-position weight shares from their
+    moving-average trend across updates (``trend_steps``, default 10), in shares of a step's weight; contiguous
+    windows of steps resampled; every training seed (:func:`_over_seeds`). DFlash's fixed decay gives 0."""
+    trend_steps = int(claim["measure"].get("trend_steps", 10))
+    variants = _main_variants(results, "dpace")
+    points, draws = [], []
+    for variant in variants:
+        per_step = update_variation(_logged_weights(results, variant), trend_steps)
+        if len(per_step) < 2:
+            raise NotRun(f"{variant} logged too few steps for a trend over {trend_steps}")
+        windows = window_means(per_step, 10)
+        point, values = _bootstrap_draws([windows], lambda x: float(np.sqrt(x.mean())))
+        points.append(point)
+        draws.append(values)
+    estimate = _over_seeds(points, draws)
+    seeds = len(variants)
+    return [judged(claim, variants[0], estimate, estimate, {}, key=("weight_variation", variants[0]), seeds=seeds,
+                   note=f"{len(per_step)} steps, {len(windows)} windows" + (f", {seeds} training seeds" if seeds > 1 else ""))]
+
+
+def _smoothing_variants(results: Path, alpha: float) -> list[str]:
+    """The smoothing sweep's D-PACE drafter at ``alpha`` (the shallowest, smallest block size), one per seed."""
+    metrics = read_csv(results, "smoothing.csv")
+    rows = metrics[(metrics["objective"] == "dpace") & np.isclose(pd.to_numeric(metrics["alpha"]), alpha)]
+    if rows.empty:
+        raise NotRun(f"no D-PACE drafter at alpha {alpha:g} in metrics/smoothing.csv")
+    rows = rows.sort_values(["depth", "block_size"])
+    first = rows.iloc[0]
+    rows = rows[(rows["depth"] == first["depth"]) & (rows["block_size"] == first["block_size"])]
+    if "training_seed" in rows:
+        rows = rows.assign(seed_key=rows["training_seed"].fillna(0)).sort_values("seed_key", kind="stable")
+    return list(dict.fromkeys(rows["variant"].astype(str)))
+
+
+def late_share(w: np.ndarray, window: float) -> float:
+    """The share of the weight on the later half of the block's positions, averaged over the last ``window``
+    (fraction) of the steps."""
+    shares = _shares(w)
+    count = max(1, math.ceil(window * len(shares)))
+    return float(np.nanmean(shares[-count:, shares.shape[1] // 2:].sum(axis=1)))
+
+
+def measure_late_weight(claim: dict, results: Path) -> list[Finding]:
+    """Smoothing keeps later positions' weights alive: the later half's share of D-PACE's weight at the end of
+    training (``window``) at ``alpha`` minus that at ``reference_alpha`` (0: no smoothing, the cumulative product
+    free to vanish), from the smoothing sweep's training logs; steps resampled in contiguous windows, seeds paired
+    by order."""
+    m = claim["measure"]
+    window = float(m.get("window", 0.1))
+    steps = read_csv(results, "smoothing_train_steps.csv")
+    pairs = list(zip(_smoothing_variants(results, float(m["alpha"])),
+                     _smoothing_variants(results, float(m.get("reference_alpha", 0.0))), strict=False))
+    points, draws = [], []
+    for ours, theirs in pairs:
+        parts = []
+        for variant in (ours, theirs):
+            rows = steps[steps["variant"] == variant].sort_values("step")
+            w = rows.filter(regex=r"^w_\d+$").to_numpy(float)
+            if not len(w):
+                raise NotRun(f"no logged weights of {variant} in metrics/smoothing_train_steps.csv")
+            count = max(1, math.ceil(window * len(w)))
+            tail = _shares(w[-count:])
+            parts.append(window_means(tail[:, tail.shape[1] // 2:].sum(axis=1), 10))
+        point, values = _bootstrap_draws(parts, lambda a, b: float(np.nanmean(a) - np.nanmean(b)))
+        points.append(point)
+        draws.append(values)
+    estimate = _over_seeds(points, draws)
+    return [judged(claim, f"{pairs[0][0]} - {pairs[0][1]}", estimate, estimate, {}, key=("late_weight", *pairs[0]),
+                   seeds=len(pairs), note=f"later half's share of the weight, last {window:.0%} of the steps"
+                   + (f", {len(pairs)} training seeds" if len(pairs) > 1 else ""))]
+
+
 MEASURES: dict[str, Callable[[dict, Path], list[Finding]]] = {
     "comparison": measure_comparison,
     "contrast": measure_contrast,
+    "ratio": measure_contrast,
     "correlation": measure_correlation,
     "correlation_gap": measure_correlation_gap,
     "step_time": measure_step_time,
     "weight_shift": measure_weight_shift,
+    "weight_variation": measure_weight_variation,
+    "late_weight": measure_late_weight,
+    "bin_rise": measure_bin_rise,
 }
 
 # --- scale: gradients of a gain ------------------------------------------------------------------------------

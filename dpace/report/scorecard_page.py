@@ -153,6 +153,8 @@ def claims_table(by_claim: dict[str, list[Finding]], verdicts: dict[str, str], g
             REPRODUCED, CONTRADICTED) else "")
         if word == NOT_RUN:
             shown += f": {cells[0].note}"
+        if c.get("by_construction"):
+            shown += f" (by construction, not counted: {c['by_construction']})"
         lines.append(_row([
             f"`{c['id']}`: {c['claim']}", f"{c['paper']}, `{c['source']}`", unit_text(c),
             _paper_cells_text(c, cells), f"{len(measured) - beyond} ({beyond}" + (f"; {scaled} scaled" if scaled else "") + ")", seeds,
@@ -224,12 +226,15 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
     for f in found:
         by_claim.setdefault(f.claim["id"], []).append(f)
     verdicts = {claim_id: claim_verdict(cells) for claim_id, cells in by_claim.items()}
-    counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS}
-    groups = finding_groups(by_claim)
+    # A claim that holds by construction is measured and shown, never counted (nor its finding).
+    constructed = [c for c, cells in by_claim.items() if cells[0].claim.get("by_construction")]
+    counted = {c: cells for c, cells in by_claim.items() if c not in constructed}
+    counts = {v: sum(verdicts[c] == v for c in counted) for v in VERDICTS}
+    groups = finding_groups(counted)
     group_verdicts = {g: group_verdict([verdicts[c] for c in members]) for g, members in groups.items()}
     group_counts = {v: sum(x == v for x in group_verdicts.values()) for v in VERDICTS}
     counted_groups = sum(group_counts.values())
-    beyond_claims = sum(x == BEYOND for x in verdicts.values())
+    beyond_claims = sum(verdicts[c] == BEYOND for c in counted)
     measured = [f for f in found if f.verdict != NOT_RUN]
     beyond_cells = sum(f.paper_cell is None for f in measured)
     scaled_cells = sum(bool(f.paper_cell and "scaled" in f.paper_cell) for f in measured)
@@ -240,6 +245,7 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         "",
         f"**{sum(counts.values())} claims:** " + " | ".join(f"**{counts[v]}** {v}" for v in VERDICTS)
         + (f" ({beyond_claims} more measured only beyond the paper, not counted)" if beyond_claims else "")
+        + (f" ({len(constructed)} more hold by construction: shown, not counted)" if constructed else "")
         + f". **{counted_groups} independent findings:** " + " | ".join(f"**{group_counts[v]}** {v}" for v in VERDICTS)
         + " (claims implied by another or reading the same measurement counted once)"
         + f". {len(unmeasurable)} more claims are not measurable here.",

@@ -100,6 +100,10 @@ KIND_UNITS = {
     "correlation_gap": "difference of two Spearman rho (per block)",
     "weight_shift": "block positions (mean weighted position, late minus early)",
     "contrast": "{metric} (absolute; a weighted sum of drafters)",
+    "ratio": "ratio of two weighted sums of drafters' {metric}",
+    "bin_rise": "tau_b (smallest rise between neighbouring bins of S~)",
+    "weight_variation": "share of a step's weight (rms deviation from the trend across updates)",
+    "late_weight": "share of the weight on the later half of the block (difference of two alphas)",
 }
 
 
