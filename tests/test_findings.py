@@ -980,3 +980,26 @@ def test_the_new_claims_of_issue_58_are_in_the_claims_file():
     assert "nm-alpha-stable-03-07" not in claims  # alpha 0.3 and 0.7 are swept (config.yaml)
     assert {0.3, 0.7} <= set(yaml.safe_load((REPO / "config.yaml").read_text())["experiments"]["smoothing"]["alphas"])
     assert claims["f3-weight-moves-later"]["by_construction"]
+
+
+def _over_seeds_coverage(seeds: int, simulations: int = 400) -> float:
+    """How often _over_seeds' interval (Table 8's correlations, Figure 3's weights over seeds) holds the truth:
+    each seed's estimate is off by a seed effect (sd 0.1) and its own sampling error (sd 0.02), and its bootstrap
+    draws spread by that sampling error around it."""
+    generator = np.random.default_rng(13)
+    covered = []
+    for _ in range(simulations):
+        points = 1.0 + generator.normal(0, 0.1, seeds) + generator.normal(0, 0.02, seeds)
+        draws = [p + generator.normal(0, 0.02, 400) for p in points]
+        _, low, high = claim_measures._over_seeds(points, draws)
+        covered.append(low <= 1.0 <= high)
+    return float(np.mean(covered))
+
+
+def test_estimates_combined_over_three_seeds_cover_at_least_90_percent(monkeypatch):
+    assert _over_seeds_coverage(3) >= 0.90
+    from dpace.report import intervals
+
+    monkeypatch.setattr(intervals, "_seed_widening", lambda seeds, tail: 1.0 if seeds > 1 else 0.0)
+    monkeypatch.setattr(claim_measures, "_seed_draws", intervals._seed_draws)
+    assert _over_seeds_coverage(3) < 0.90  # a percentile bootstrap over the 3 seeds
