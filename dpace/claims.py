@@ -12,6 +12,7 @@ the scorecard's own code path. Imports only yaml, jsonschema and the registries 
 from __future__ import annotations
 
 import functools
+import re
 from pathlib import Path
 
 SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "claims.schema.yaml"
@@ -138,8 +139,10 @@ def check_claims(claims, path: str | Path = "claims") -> list[dict]:
         if not isinstance(claims, list):
             raise ClaimsError(f"{path}: expected a list of claims, got {type(claims).__name__}")
         raise _schema_error(claims, path, schema)
-    seen = set()
+    seen, id_pattern = set(), schema["$defs"]["claim"]["properties"]["id"]["pattern"]
     for claim in claims:
+        if not re.fullmatch(id_pattern, claim["id"]):  # the schema's pattern searches: "$" lets a trailing newline by
+            raise ClaimsError(f"{path}: claim {claim['id']!r}: id: does not match {id_pattern} as a whole")
         if claim["id"] in seen:
             raise ClaimsError(f"{path}: claim id {claim['id']!r} appears twice")
         seen.add(claim["id"])

@@ -9,6 +9,7 @@ hidden ``.tmp`` sibling that no stage reads).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -30,6 +31,49 @@ def _as_created(path: Path, mode: int) -> None:
     os.chmod(path, mode & ~_umask())
 
 
+class WriteFailed(OSError):
+    """A write the operating system refused (a full disk, a quota, permissions, a read-only file system): the
+    message names the artifact's path, which the writer's own error (safetensors', torch's) often does not.
+    ``errno`` and ``filename`` are set as an OSError's; the message is the one line given."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _is_os_failure(error: BaseException, folder: Path) -> bool:
+    """An error of the file system under a writer into ``folder``: an OSError about no file or a file there (not
+    an input the writer reads elsewhere), or a library's wrapping of one (safetensors' ``SafetensorError: ...
+    IoError(Os { code: 28 ...``, torch's ``PytorchStreamWriter failed writing file``)."""
+    if isinstance(error, OSError):
+        return error.filename is None or Path(os.fsdecode(error.filename)).resolve().is_relative_to(folder.resolve())
+    text = str(error)
+    return type(error).__name__ == "SafetensorError" and ("IoError" in text or "os error" in text.lower()) or (
+        isinstance(error, RuntimeError) and ("failed writing" in text or "file write failed" in text))
+
+
+def _write_failed(path: Path, error: BaseException) -> WriteFailed:
+    text = str(error)
+    full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in text or "StorageFull" in text
+    hint = "its file system is full: free space there and rerun" if full else "check the folder and rerun"
+    failed = WriteFailed(f"could not write {path}: {type(error).__name__}: {text} ({hint})")
+    failed.errno = errno.ENOSPC if full else getattr(error, "errno", None)
+    failed.filename = str(path)
+    return failed
+
+
+@contextmanager
+def _naming_the_path(path: Path) -> Iterator[None]:
+    """Re-raise a file-system error of the block as ``WriteFailed`` naming ``path``."""
+    try:
+        yield
+    except WriteFailed:
+        raise
+    except Exception as error:
+        if _is_os_failure(error, path.parent):
+            raise _write_failed(path, error) from error
+        raise
+
+
 @contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it to ``path`` when the block ends normally.
@@ -38,14 +82,16 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     on an exception the temporary is removed and ``path`` keeps whatever it held before.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    with _naming_the_path(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
     tmp = Path(tmp)
     try:
-        yield tmp
-        _as_created(tmp, 0o666)
-        os.replace(tmp, path)
+        with _naming_the_path(path):
+            yield tmp
+            _as_created(tmp, 0o666)
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -59,19 +105,21 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     exception the temporary folder is removed and ``path`` is left as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    with _naming_the_path(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
-        yield tmp
-        _as_created(tmp, 0o777)
-        if path.exists():
-            # Two renames: in between, path is absent, never partial.
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
-            os.replace(path, old / "previous")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        with _naming_the_path(path):
+            yield tmp
+            _as_created(tmp, 0o777)
+            if path.exists():
+                # Two renames: in between, path is absent, never partial.
+                old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+                os.replace(path, old / "previous")
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise

@@ -74,6 +74,8 @@ BAD = [
      r"claim 't1-dpace-above-dflash': verdict: \{'scale': 'relative'\} is no region"),
     ("nm-h200-compute", lambda c: c.update(verdict={"above": 0}),
      r"claim 'nm-h200-compute': a not_measurable claim takes no paper_value, paper_cells, verdict or gradient"),
+    ("t1-dpace-above-dflash", lambda c: c.update(id="t1-dpace-above-dflash\n"),
+     r"claim 't1-dpace-above-dflash\\n': id: does not match \^\[a-z0-9\]\[a-z0-9\.-\]\*\$ as a whole"),
     ("t1-dpace-above-dflash", lambda c: c.update(id="t1-dpace-tau-gain-about-10pct"),
      r"claim id 't1-dpace-tau-gain-about-10pct' appears twice"),
 ]
@@ -161,3 +163,22 @@ def test_the_comment_atop_the_claims_file_names_every_key_of_the_schema():
         keys |= set(schema[kind]["properties"])
     missing = sorted(k for k in keys if not re.search(rf"(#\s+|`|\b){re.escape(k)}\b", header))
     assert not missing, missing
+
+
+def test_a_claim_of_an_experiment_the_run_does_not_configure_is_not_run_for_that_reason(tmp_path):
+    """Not run only where the claim's experiment is not in the run's config (or its artifacts are not built), and
+    then never scored from a metrics file an earlier run with another config left behind."""
+    claims = {c["id"]: c for c in SHIPPED}
+    main, ablation = claims["t1-dpace-above-dflash"], claims["t3-cumulative-only-10-12pct"]
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3)])
+    write_comparisons(tmp_path, [comparison_row(1, 0.2, 0.1, 0.3, experiment="ablation", benchmark="math500")],
+                      experiment="ablation")  # a stale file of another config's run
+    found = {f.claim["id"]: f for f in findings.findings([main, ablation], tmp_path, experiments=["main"])}
+    assert found[main["id"]].verdict == findings.REPRODUCED
+    assert found[ablation["id"]].verdict == NOT_RUN
+    assert found[ablation["id"]].note == "experiment 'ablation' is not in this run's config (experiments: main)"
+    out = tmp_path / "findings.md"
+    findings.write_findings(CLAIMS, tmp_path, out, config_name="smoke.yaml", commit="abc", experiments=["main"])
+    page = out.read_text()
+    assert "experiment 'ablation' is not in this run's config" in page
+    assert "experiment 'main' is not" not in page

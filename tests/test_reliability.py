@@ -152,6 +152,26 @@ def test_a_target_named_like_a_path_is_refused_naming_the_key():
         validate_config(config)
 
 
+@pytest.mark.parametrize(("name", "message"), [
+    ("tiny\n", r"targets: 'tiny\\n' does not match \^\[A-Za-z0-9\]\[A-Za-z0-9\._-\]\*\$ as a whole"),
+    ("t" * 260, r"targets: 't{40}'\.\.\. \(260 characters\) is longer than 64 characters"),
+])
+def test_a_target_name_with_a_trailing_newline_or_too_long_is_refused_at_config_time(name, message):
+    """``$`` matches before a trailing newline, so the schema's pattern alone let ``tiny\\n`` through; a 260-character
+    name failed only at job time (``File name too long``)."""
+    from dpace.config import ConfigError, validate_config
+
+    config = smoke_config()
+    config["targets"] = {name: config["targets"]["tiny"]}
+    config["main_target"] = name
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config)
+    config = smoke_config()
+    config["targets"] = {"t" * 64: config["targets"]["tiny"]}  # the longest name allowed
+    config["main_target"] = "t" * 64
+    validate_config(config)
+
+
 @pytest.mark.parametrize(("key", "value", "message"), [
     ("hidden_size", 66, r"targets\.tiny\.hidden_size: 66 does not divide into num_heads 4"),
     ("num_kv_heads", 3, r"targets\.tiny\.num_heads: 4 does not divide into num_kv_heads 3"),

@@ -401,3 +401,32 @@ def test_missing_experiment_raises(metrics, func, experiment, drop):
 def test_missing_column_raises(metrics):
     with pytest.raises(ValueError, match="speedup"):
         table_main(metrics.drop(columns="speedup"))
+
+
+# Every LaTeX special character, each next to letters, and the text LaTeX needs to print it as written.
+SPECIAL_LABEL = "a\\b{c}d$e&f#g^h_i%j~k"
+SPECIAL_ESCAPED = (r"a\textbackslash{}b\{c\}d\$e\&f\#g\textasciicircum{}h\_i\%j\textasciitilde{}k")
+
+
+def test_latex_escape_turns_every_special_character_into_text():
+    """``\\`` used to become ``\\textbackslash\\{\\}`` (its own braces escaped again: a backslash and "{}" printed),
+    and ``~`` (a non-breaking space) and ``^`` (an error outside math mode) went through."""
+    from dpace.report.latex import LATEX_SPECIALS, escape
+
+    assert escape(SPECIAL_LABEL) == SPECIAL_ESCAPED
+    assert set(LATEX_SPECIALS) == set("\\{}$&#^_%~")
+    for ch, text in LATEX_SPECIALS.items():
+        assert escape(ch) == text and escape(f"x{ch}y") == f"x{text}y"
+    assert escape("Qwen3-8B (plain) 1.5") == "Qwen3-8B (plain) 1.5"  # nothing else changes
+    # A second round escapes the first's output as text (one pass, character by character): what it prints is
+    # the once-escaped string, never a mix of escaped and raw specials.
+    twice = escape(SPECIAL_ESCAPED)
+    assert twice == "".join(LATEX_SPECIALS.get(ch, ch) for ch in SPECIAL_ESCAPED)
+    assert twice.startswith(r"a\textbackslash{}textbackslash\{\}b\textbackslash{}\{c")
+
+
+def test_a_target_label_with_every_special_character_reaches_the_table_escaped(metrics):
+    relabelled = metrics.assign(target_label=SPECIAL_LABEL)
+    latex = table_main(relabelled)
+    assert SPECIAL_ESCAPED in latex
+    assert r"\textbackslash\{\}" not in latex and "~k" not in latex and "^h" not in latex

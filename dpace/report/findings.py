@@ -70,11 +70,25 @@ def not_measurable(claims: Sequence[dict]) -> list[dict]:
     return [c for c in claims if c["measure"]["kind"] == NOT_MEASURABLE]
 
 
-def findings(claims: Sequence[dict], results: str | Path) -> list[Finding]:
+# The experiment whose artifacts a measure reads when the claim names none: Table 1's drafters.
+MAIN_EXPERIMENT = "main"
+
+
+def claim_experiment(claim: dict) -> str:
+    """The experiment a claim's measure reads (``measure.experiment``, else Table 1's)."""
+    return claim["measure"].get("experiment", MAIN_EXPERIMENT)
+
+
+def findings(claims: Sequence[dict], results: str | Path, experiments: Sequence[str] | None = None) -> list[Finding]:
     """Every measurable claim measured: one finding per cell it covers, or one *not run* finding naming what
-    is missing."""
+    is missing. ``experiments``: the run's configured experiments (None: any); a claim of another experiment is
+    *not run* for that reason, and never read from files an earlier run with another config left in ``results``."""
     out = []
     for claim in real_claims(claims):
+        if experiments is not None and claim_experiment(claim) not in experiments:
+            out.append(Finding(claim, NOT_RUN, note=f"experiment {claim_experiment(claim)!r} is not in this run's "
+                                                    f"config (experiments: {', '.join(experiments)})"))
+            continue
         try:
             out += MEASURES[claim["measure"]["kind"]](claim, Path(results))
         except NotRun as missing:
@@ -82,18 +96,22 @@ def findings(claims: Sequence[dict], results: str | Path) -> list[Finding]:
     return out
 
 
-def gradients(claims: Sequence[dict], results: str | Path) -> dict[str, list[dict]]:
-    return {c["id"]: measure_gradient(c, results) for c in real_claims(claims) if "gradient" in c}
+def gradients(claims: Sequence[dict], results: str | Path,
+              experiments: Sequence[str] | None = None) -> dict[str, list[dict]]:
+    return {c["id"]: measure_gradient(c, results) for c in real_claims(claims) if "gradient" in c
+            and (experiments is None or c["gradient"]["experiment"] in experiments)}
 
 
-def skipped_requests(claims: Sequence[dict], results: str | Path) -> str:
+def skipped_requests(claims: Sequence[dict], results: str | Path, experiments: Sequence[str] | None = None) -> str:
     """The evaluations the claims read that skipped requests past the target's context, as one line
     (``skipped_requests_text``); empty when none did."""
     measured = real_claims(claims)
-    experiments = {"main"} | {c["measure"]["experiment"] for c in measured if "experiment" in c["measure"]} | {
+    read = {MAIN_EXPERIMENT} | {claim_experiment(c) for c in measured} | {
         c["gradient"]["experiment"] for c in measured if "gradient" in c}
     frames = []
-    for experiment in sorted(experiments):
+    for experiment in sorted(read):
+        if experiments is not None and experiment not in experiments:
+            continue
         try:
             frames.append(read_csv(Path(results), f"{experiment}.csv"))
         except NotRun:  # the claims reading it are "not run"
@@ -114,10 +132,12 @@ def checkout_commit(folder: str | Path) -> str:
     return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
 
 
-def write_findings(claims_path, results, out, *, config_name: str, commit: str) -> list[Finding]:
+def write_findings(claims_path, results, out, *, config_name: str, commit: str,
+                   experiments: Sequence[str] | None = None) -> list[Finding]:
+    """The scorecard page of ``results``; ``experiments``: the run's configured experiments (see :func:`findings`)."""
     claims = read_claims(claims_path)
-    found = findings(claims, results)
-    page = scorecard(found, config_name=config_name, commit=commit, grads=gradients(claims, results),
-                     unmeasurable=not_measurable(claims), skipped=skipped_requests(claims, results))
+    found = findings(claims, results, experiments)
+    page = scorecard(found, config_name=config_name, commit=commit, grads=gradients(claims, results, experiments),
+                     unmeasurable=not_measurable(claims), skipped=skipped_requests(claims, results, experiments))
     atomic_write_text(out, page)
     return found

@@ -10,6 +10,7 @@ found = write_findings(
     snakemake.output.findings,
     config_name=snakemake.resources.config_name,
     commit=checkout_commit(snakemake.scriptdir),
+    experiments=snakemake.params.experiments,
 )
 for finding in found:
     print(finding.claim["id"], finding.cell, finding.verdict, finding.note)
