@@ -547,12 +547,12 @@ def measure_weight_variation(claim: dict, results: Path) -> list[Finding]:
                    note=f"{len(per_step)} steps, {len(windows)} windows" + (f", {seeds} training seeds" if seeds > 1 else ""))]
 
 
-def _smoothing_variants(results: Path, alpha: float) -> list[str]:
-    """The smoothing sweep's D-PACE drafter at ``alpha`` (the shallowest, smallest block size), one per seed."""
-    metrics = read_csv(results, "smoothing.csv")
+def _smoothing_variants(results: Path, alpha: float, experiment: str = "smoothing") -> list[str]:
+    """The sweep's D-PACE drafter at ``alpha`` (the shallowest, smallest block size), one per seed."""
+    metrics = read_csv(results, f"{experiment}.csv")
     rows = metrics[(metrics["objective"] == "dpace") & np.isclose(pd.to_numeric(metrics["alpha"]), alpha)]
     if rows.empty:
-        raise NotRun(f"no D-PACE drafter at alpha {alpha:g} in metrics/smoothing.csv")
+        raise NotRun(f"no D-PACE drafter at alpha {alpha:g} in metrics/{experiment}.csv")
     rows = rows.sort_values(["depth", "block_size"])
     first = rows.iloc[0]
     rows = rows[(rows["depth"] == first["depth"]) & (rows["block_size"] == first["block_size"])]
@@ -576,9 +576,10 @@ def measure_late_weight(claim: dict, results: Path) -> list[Finding]:
     by order."""
     m = claim["measure"]
     window = float(m.get("window", 0.1))
-    steps = read_csv(results, "smoothing_train_steps.csv")
-    pairs = list(zip(_smoothing_variants(results, float(m["alpha"])),
-                     _smoothing_variants(results, float(m.get("reference_alpha", 0.0))), strict=False))
+    experiment = m.get("experiment", "smoothing")
+    steps = read_csv(results, f"{experiment}_train_steps.csv")
+    pairs = list(zip(_smoothing_variants(results, float(m["alpha"]), experiment),
+                     _smoothing_variants(results, float(m.get("reference_alpha", 0.0)), experiment), strict=False))
     points, draws = [], []
     for ours, theirs in pairs:
         parts = []
@@ -586,7 +587,7 @@ def measure_late_weight(claim: dict, results: Path) -> list[Finding]:
             rows = steps[steps["variant"] == variant].sort_values("step")
             w = rows.filter(regex=r"^w_\d+$").to_numpy(float)
             if not len(w):
-                raise NotRun(f"no logged weights of {variant} in metrics/smoothing_train_steps.csv")
+                raise NotRun(f"no logged weights of {variant} in metrics/{experiment}_train_steps.csv")
             count = max(1, math.ceil(window * len(w)))
             tail = _shares(w[-count:])
             parts.append(window_means(tail[:, tail.shape[1] // 2:].sum(axis=1), 10))
