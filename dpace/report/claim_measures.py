@@ -135,7 +135,8 @@ def _main_variants(results: Path, objective: str) -> list[str]:
         raise NotRun(f"no {objective} drafter in metrics/main.csv")
     first = rows.iloc[0]
     same = rows[(rows["depth"] == first["depth"]) & (rows["block_size"] == first["block_size"])]
-    same = same[same["method"] == first["method"]] if "method" in same else same[same["variant"] == first["variant"]]
+    by_method = "method" in same and pd.notna(first["method"])
+    same = same[same["method"] == first["method"]] if by_method else same[same["variant"] == first["variant"]]
     if "training_seed" in same:
         same = same.assign(seed_key=same["training_seed"].fillna(0)).sort_values("seed_key", kind="stable")
     return list(dict.fromkeys(same["variant"].astype(str)))
@@ -158,7 +159,7 @@ def _over_seeds(points: Sequence[float], draws: Sequence[np.ndarray]) -> tuple[f
     seeds_drawn = points[seeds.ours].mean(axis=1)  # [resamples]
     both = np.take_along_axis(draws.T, seeds.ours, axis=1).mean(axis=1)
     resampled = value + seeds.ours_widen * (seeds_drawn - value) + (both - seeds_drawn)
-    if not np.isfinite(resampled).any():
+    if not np.isfinite(draws).any(axis=1).all():  # a seed without an interval of its own: none over the seeds
         return value, math.nan, math.nan
     low, high = np.nanquantile(resampled, [tail, 1.0 - tail])
     return value, float(low), float(high)
