@@ -562,14 +562,6 @@ def _smoothing_variants(results: Path, alpha: float, experiment: str = "smoothin
     return list(dict.fromkeys(rows["variant"].astype(str)))
 
 
-def late_share(w: np.ndarray, window: float) -> float:
-    """The share of the weight on the later half of the block's positions, averaged over the last ``window``
-    (fraction) of the steps."""
-    shares = _shares(w)
-    count = max(1, math.ceil(window * len(shares)))
-    return float(np.nanmean(shares[-count:, shares.shape[1] // 2:].sum(axis=1)))
-
-
 def measure_late_weight(claim: dict, results: Path) -> list[Finding]:
     """Smoothing keeps later positions' weights alive: the later half's share of D-PACE's weight at the end of
     training (``window``) at ``alpha`` minus that at ``reference_alpha`` (0: no smoothing, the cumulative product
