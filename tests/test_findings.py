@@ -641,7 +641,7 @@ def test_the_gradient_is_read_from_each_benchmarks_evaluations(tmp_path):
     mark = scorecard_page.scale_mark(claims["t1-dpace-above-dflash"], [gradient])
     assert mark.startswith("**scale-sensitive (measured)**") and "across benchmarks" in mark
     page = findings.scorecard([], config_name="c", commit="x", grads={"t1-dpace-above-dflash": [gradient]})
-    assert "+0.100 [" in page.split("## Scale", 1)[1]
+    assert "+0.100 [" in page.split("## Scale", 1)[1] and "epoch 6 (one seed)" in page.split("## Scale", 1)[1]
 
 
 def write_gradient_run(results: Path, gain_slopes: dict[int, float]) -> None:
@@ -677,6 +677,7 @@ def test_a_gradient_of_a_several_seed_run_reads_every_seed(tmp_path):
     assert gradient["slope"] == pytest.approx(0.0, abs=1e-9)  # the first seed alone: +0.2
     assert gradient["num_seeds"] == 3 and gradient["ci_low"] < -0.1 and gradient["ci_high"] > 0.1  # the seeds disagree by 0.4
     assert "scale-sensitive" not in scorecard_page.scale_mark(claims["t1-dpace-above-dflash"], [gradient])
+    assert "t d2 B8 T0 epoch 6 (3 training seeds)" in "\n".join(scorecard_page.gradients_table({"c": [gradient]}))
 
 
 def test_a_one_seed_gradient_is_unchanged_by_the_seed_level():

@@ -209,7 +209,7 @@ def gradients_table(grads: dict[str, list[dict]]) -> list[str]:
              "[95% CI] | naive slope on DFlash's own tau [95% CI] |", "|---|---|---|---|---|---|---|"]
     for claim_id, g in rows:
         lines.append(_row([
-            f"`{claim_id}`", g["cell"] + (f" ({g['num_seeds']} training seeds)" if g.get("num_seeds", 1) > 1 else ""),
+            f"`{claim_id}`", g["cell"] + (f" ({g['num_seeds']} training seeds)" if g.get("num_seeds", 1) > 1 else " (one seed)"),
             f"{g['over']}: {', '.join(g['strata_names'])}",
             ", ".join(f"{x:.2f}" for x in g["reference_tau"]), ", ".join(f"{x:+.3f}" for x in g["gain"]),
             f"{g['slope']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}] ({g['stratifier']})",
