@@ -1004,3 +1004,34 @@ def test_estimates_combined_over_three_seeds_cover_at_least_90_percent(monkeypat
     monkeypatch.setattr(intervals, "_seed_widening", lambda seeds, tail: 1.0 if seeds > 1 else 0.0)
     monkeypatch.setattr(claim_measures, "_seed_draws", intervals._seed_draws)
     assert _over_seeds_coverage(3) < 0.90  # a percentile bootstrap over the 3 seeds
+
+
+def _gradient_coverage(seeds: int, simulations: int = 200) -> float:
+    """How often gain_slope's interval over seeds holds the true slope (+0.1 per unit of tau): each training seed's
+    own slope is off by sd 0.1, prompts differ by sd 0.3 (shared by the drafters) and each request by 0.02."""
+    from dpace.report.scale import gain_slope
+
+    generator = np.random.default_rng(3)
+    levels = np.array([1.2, 1.6, 2.0, 2.4])
+    covered = []
+    for _ in range(simulations):
+        slopes = 0.1 + generator.normal(0, 0.1, seeds)
+        difficulty = [generator.normal(0, 0.3, 20) for _ in levels]
+
+        def drafter(k: int, shifts: np.ndarray, difficulty=difficulty) -> np.ndarray:  # shifts: per seed
+            return np.stack([prompt_sums(levels[k] + shift + difficulty[k] + generator.normal(0, 0.02, 20))
+                             for shift in shifts])
+        ours = [drafter(k, 0.1 + slopes * (lv - 1.8)) for k, lv in enumerate(levels)]
+        reference = [drafter(k, np.zeros(seeds)) for k in range(len(levels))]
+        third = [drafter(k, np.full(seeds, 0.05)) for k in range(len(levels))]
+        result = gain_slope(ours, reference, third, resamples=300)
+        covered.append(result["ci_low"] <= 0.1 <= result["ci_high"])
+    return float(np.mean(covered))
+
+
+def test_a_gradient_over_three_seeds_covers_its_slope_at_least_90_percent(monkeypatch):
+    assert _gradient_coverage(3) >= 0.90
+    from dpace.report import intervals
+
+    monkeypatch.setattr(intervals, "_seed_widening", lambda seeds, tail: 1.0 if seeds > 1 else 0.0)
+    assert _gradient_coverage(3) < 0.90  # a percentile bootstrap over the 3 seeds
