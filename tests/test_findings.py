@@ -920,7 +920,8 @@ def test_the_sum_of_q_correlation_and_the_binned_rise(tmp_path):
     write_blocks(tmp_path, sum_q_noise=1.6, bins_rise=False)
     [flat] = findings.findings([claims["f1a-binned-tau-rises-with-surrogate"]], tmp_path)
     assert flat.verdict != REPRODUCED
-    assert claim_measures.smallest_bin_rise(np.array([[1, 1.0], [2, 2.0], [3, 1.5], [4, 4.0]]), 4) == -0.5
+    blocks = np.array([[1, 1.0], [2, 1.0], [3, 2.0], [4, 2.0], [5, 1.5], [6, 1.5], [7, 4.0], [8, 4.0]])
+    assert claim_measures.smallest_bin_rise(blocks, 4) == -0.5
 
 
 @pytest.mark.parametrize(("noise", "expected"), [(0.05, REPRODUCED), (0.0, CONTRADICTED)])
@@ -1035,3 +1036,12 @@ def test_a_gradient_over_three_seeds_covers_its_slope_at_least_90_percent(monkey
 
     monkeypatch.setattr(intervals, "_seed_widening", lambda seeds, tail: 1.0 if seeds > 1 else 0.0)
     assert _gradient_coverage(3) < 0.90  # a percentile bootstrap over the 3 seeds
+
+
+def test_the_new_measures_say_not_run_or_no_interval_on_a_tiny_run(tmp_path):
+    """A smoke run logs a few steps and blocks: the new measures must not fail the scorecard job."""
+    claims = {c["id"]: c for c in findings.read_claims(CLAIMS)}
+    write_training(tmp_path, np.ones((4, 4)), (0.3, 0.3))
+    [variation] = findings.findings([claims["f3b-weights-vary-across-updates"]], tmp_path)
+    assert variation.verdict == NOT_RUN and "too few for a trend" in variation.note
+    assert math.isnan(claim_measures.smallest_bin_rise(np.ones((6, 3)), 5))

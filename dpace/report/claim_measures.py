@@ -427,6 +427,8 @@ def smallest_bin_rise(blocks: np.ndarray, bins: int) -> float:
     """The blocks cut into ``bins`` equal-count bins of S~ (the first column), the mean tau_b (the last) of each:
     the smallest rise from one bin to the next. Above 0: binned tau rises with S~ at every bin (Figure 1a's line
     of bin means)."""
+    if len(blocks) < 2 * bins:  # bins of fewer than two blocks: no mean to speak of
+        return math.nan
     order = np.argsort(blocks[:, 0], kind="stable")
     means = np.array([chunk.mean() for chunk in np.array_split(blocks[order, -1], bins)])
     return float(np.diff(means).min())
@@ -535,9 +537,10 @@ def measure_weight_variation(claim: dict, results: Path) -> list[Finding]:
     variants = _main_variants(results, "dpace")
     points, draws = [], []
     for variant in variants:
-        per_step = update_variation(_logged_weights(results, variant), trend_steps)
-        if len(per_step) < 2:
-            raise NotRun(f"{variant} logged too few steps for a trend over {trend_steps}")
+        weights = _logged_weights(results, variant)
+        if len(weights) < trend_steps + 2:
+            raise NotRun(f"{variant} logged {len(weights)} steps: too few for a trend over {trend_steps}")
+        per_step = update_variation(weights, trend_steps)
         windows = window_means(per_step, 10)
         point, values = _bootstrap_draws([windows], lambda x: float(np.sqrt(x.mean())))
         points.append(point)
