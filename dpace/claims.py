@@ -21,7 +21,7 @@ NOT_MEASURABLE = "not_measurable"
 # The units each measure can be judged in: only comparisons carry a reference to divide by; a step time is
 # a ratio already (dpace.report.verdicts.SCALES).
 SCALES_OF_KIND = {"comparison": ("absolute", "relative", "accepted"), "step_time": ("relative",)}
-BENCHMARK_SELECTORS = {"comparison": ("avg", "every"), "contrast": ("avg",)}
+BENCHMARK_SELECTORS = {"comparison": ("avg", "every"), "contrast": ("avg",), "ratio": ("avg",)}
 
 
 class ClaimsError(ValueError):
@@ -100,8 +100,9 @@ def _registry_errors(claim: dict) -> list[str]:
     kind = measure["kind"]
     check("measure.experiment", measure.get("experiment"), list(EXPERIMENT_SPECS), "an experiment")
     objective("measure.objective", measure.get("objective"))
-    for i, term in enumerate(measure.get("terms", [])):
-        objective(f"measure.terms.{i}.objective", term.get("objective"))
+    for part in ("terms", "numerator", "denominator"):
+        for i, term in enumerate(measure.get(part, [])):
+            objective(f"measure.{part}.{i}.objective", term.get("objective"))
     check("measure.benchmark", measure.get("benchmark"), [*BENCHMARK_SELECTORS.get(kind, ()), *BENCHMARKS],
           "a benchmark")
     check("gradient.experiment", gradient.get("experiment"), list(EXPERIMENT_SPECS), "an experiment")

@@ -155,6 +155,8 @@ def built_metrics(wildcards):
     results/findings.md never starts an experiment; the claims of the others are "not run". Either way a
     later run that finds more of them built rebuilds the scorecard (its input set changed)."""
     names = [f"{e}{suffix}" for e in EXPERIMENTS if e != "main" for suffix in (".csv", "_comparisons.csv")]
+    # The smoothing sweep's training logs: the later weights smoothing keeps alive (t5-smoothing-keeps-later-weights).
+    names += ["smoothing_train_steps.csv"] if "smoothing" in EXPERIMENTS else []
     paths = [f"{RESULTS}/metrics/{name}" for name in names]
     targets = set(workflow.dag_settings.targets)
     if not targets or "all" in targets:
