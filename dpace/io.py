@@ -200,6 +200,19 @@ def input_checksum(path: str | Path) -> int:
     return checksum
 
 
+def content_digest(paths: Iterable[str | Path]) -> str:
+    """One hex digest of the files' names and bytes (``input_checksum`` of each, in the order given).
+
+    A rule passes it as a param for the files it reads from outside ``results/`` (the data mirror, a local
+    target, imported answers): a params change reruns the job, so an edit is seen whatever the file's
+    modification time says (``cp -p`` and ``rsync -t`` keep an old one; a clock can put an output in the future).
+    """
+    digest = 0
+    for path in paths:
+        digest = zlib.crc32(f"{path}\0{input_checksum(path)}\0".encode(), digest)
+    return f"{digest:08x}"
+
+
 CHECKSUMS = "checksums.json"
 
 
