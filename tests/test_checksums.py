@@ -116,3 +116,22 @@ def test_an_evaluation_summary_edited_after_its_job_is_refused(tmp_path):
     with pytest.raises(DamagedFile, match=rf"{summary}: no checksums.json beside it"):
         experiment_metrics(VARIANTS, [str(summary)])
 
+
+
+def test_a_training_steps_jsonl_cut_short_is_refused_by_the_training_tables(tmp_path):
+    """The drafter's steps.jsonl and summary.json, as training writes them, are verified by the training tables' job."""
+    from dpace.io import DamagedFile
+    from dpace.report.collect import training_frames
+    from dpace.training.training_records import write_records
+
+    folder = tmp_path / "drafters" / "tiny" / "dflash-d1-b4-e2"
+    rows = [{"step": i, "global_step": i, "epoch": 1, "loss": 1.0 / (i + 1), "weight_per_position": [1.0, 0.5]}
+            for i in range(10)]
+    write_records(folder, rows, {"epochs": 1, "steps": 10, "time_per_epoch_s": 1.0, "time_per_step_s": 0.1})
+    variants = [{**VARIANTS[0], "variant": folder.name}]
+    steps, _ = training_frames(variants, [str(folder)])
+    assert len(steps) == 10
+    lines = (folder / "steps.jsonl").read_text().splitlines(keepends=True)
+    (folder / "steps.jsonl").write_text("".join(lines[:3]))
+    with pytest.raises(DamagedFile, match=rf"{folder / 'steps.jsonl'}: changed since the training wrote it .*delete {folder} and rerun its training"):
+        training_frames(variants, [str(folder)])

@@ -12,7 +12,7 @@ from dpace.experiments import ARTIFACTS
 from dpace.io import atomic_write_text, read_json, verify_recorded
 from dpace.paths import eval_location
 from dpace.report.intervals import experiment_comparisons
-from dpace.training.training_records import read_steps, read_summary
+from dpace.training.training_records import STEPS_FILE, SUMMARY_FILE, read_steps, read_summary
 
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "experiment", "objective", "depth", "block_size", "alpha", "k", "gamma",
@@ -129,6 +129,8 @@ def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.D
     steps, runs = [], []
     for folder in map(Path, drafter_dirs):
         info = meta[folder.name]
+        for name in (STEPS_FILE, SUMMARY_FILE):  # edited or cut short after the training
+            verify_recorded(folder / name, what="the training", fix=f"delete {folder} and rerun its training")
         rows = read_steps(folder)
         for row in rows:
             flat = {k: v for k, v in row.items() if k != "weight_per_position"}
