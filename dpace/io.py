@@ -248,6 +248,19 @@ def input_checksum(path: str | Path) -> int:
     return checksum
 
 
+def content_digest(paths: Iterable[str | Path]) -> str:
+    """One hex digest of the files' names and bytes (``input_checksum`` of each, in the order given).
+
+    A rule passes it as a param for the files it reads from outside ``results/`` (the data mirror, a local
+    target, imported answers): a params change reruns the job, so an edit is seen whatever the file's
+    modification time says (``cp -p`` and ``rsync -t`` keep an old one; a clock can put an output in the future).
+    """
+    digest = 0
+    for path in paths:
+        digest = zlib.crc32(f"{path}\0{input_checksum(path)}\0".encode(), digest)
+    return f"{digest:08x}"
+
+
 CHECKSUMS = "checksums.json"
 
 
@@ -263,16 +276,59 @@ def write_checksums(folder: str | Path) -> None:
     atomic_write_json(folder / CHECKSUMS, _file_checksums(folder))
 
 
-def verify_checksums(folder: str | Path, *, fix: str = REMAKE) -> None:
-    """Fail naming the first file of ``folder`` that is missing, added or changed since ``write_checksums``."""
+def verify_checksums(folder: str | Path, *, fix: str = REMAKE, what: str = "the checkpoint") -> None:
+    """Fail naming the first file of ``folder`` that is missing, added or changed since ``write_checksums``
+    (``what``: the artifact, as the message names it)."""
     folder = Path(folder)
     if not (folder / CHECKSUMS).is_file():
-        raise DamagedFile(f"{folder}: no {CHECKSUMS} (written with every checkpoint); {fix}")
-    expected, found = read_json(folder / CHECKSUMS, fix=fix), _file_checksums(folder)
+        raise DamagedFile(f"{folder}: no {CHECKSUMS} (written with {what}); {fix}")
+    expected = read_json(folder / CHECKSUMS, fix=fix)
+    verify_files(folder, expected, since=f"{what} was written (its {CHECKSUMS})", fix=fix)
+
+
+def record_checksums(*paths: str | Path) -> None:
+    """Record each file's CRC32 in the ``checksums.json`` beside it (kept with the other files it lists), for
+    ``verify_recorded`` when a later job reads it: an evaluation's ``summary.json`` and ``blocks.csv``."""
+    by_folder: dict[Path, list[Path]] = {}
+    for path in map(Path, paths):
+        by_folder.setdefault(path.parent, []).append(path)
+    for folder, files in by_folder.items():
+        sidecar = folder / CHECKSUMS
+        try:
+            recorded = read_json(sidecar) if sidecar.is_file() else {}
+        except DamagedFile:
+            recorded = {}
+        atomic_write_json(sidecar, {**recorded, **{file.name: input_checksum(file) for file in files}})
+
+
+def verify_recorded(path: str | Path, *, what: str, fix: str = REMAKE) -> None:
+    """Fail, naming ``path`` and ``fix``, unless its bytes are those ``record_checksums`` recorded when ``what``
+    wrote it (a flipped byte, a file cut short or edited after the job that made it)."""
+    path = Path(path)
+    sidecar = path.parent / CHECKSUMS
+    if not sidecar.is_file():
+        raise DamagedFile(f"{path}: no {CHECKSUMS} beside it (written with {what}); {fix}")
+    expected = read_json(sidecar, fix=fix).get(path.name)
+    if expected is None:
+        raise DamagedFile(f"{path}: not in {sidecar} (written with {what}); {fix}")
+    if input_checksum(path) != expected:
+        raise DamagedFile(f"{path}: changed since {what} wrote it (its {CHECKSUMS}); {fix}")
+
+
+def folder_checksums(folder: str | Path) -> dict[str, int]:
+    """CRC32 per file of ``folder`` (relative names; hidden files and ``checksums.json`` left out)."""
+    return _file_checksums(Path(folder))
+
+
+def verify_files(folder: str | Path, expected: dict[str, int], *, since: str, fix: str = REMAKE) -> None:
+    """Fail naming the first file of ``folder`` that is missing, added or changed against ``expected``
+    (``folder_checksums`` taken when it was made: ``since`` says when)."""
+    folder = Path(folder)
+    found = _file_checksums(folder)
     for name in sorted(set(expected) | set(found)):
         if expected.get(name) != found.get(name):
-            state = "missing" if name not in found else "not in the checkpoint" if name not in expected else "changed"
-            raise DamagedFile(f"{folder / name}: {state} since the checkpoint was written (its {CHECKSUMS}); {fix}")
+            state = "missing" if name not in found else "added" if name not in expected else "changed"
+            raise DamagedFile(f"{folder / name}: {state} since {since}; {fix}")
 
 
 class JsonlAppender:

@@ -8,6 +8,7 @@ import numpy as np
 import pandas as pd
 import pytest
 
+from dpace.io import record_checksums
 from dpace.report.intervals import (
     compare_summaries,
     experiment_comparisons,
@@ -145,6 +146,7 @@ def _summary_file(path, cells: dict[float, dict]) -> str:
              "requests": requests}
             for temperature, by_benchmark in cells.items() for benchmark, requests in by_benchmark.items()]
     path.write_text(json.dumps(rows))
+    record_checksums(path)  # as the evaluation does
     return str(path)
 
 

