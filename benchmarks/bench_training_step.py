@@ -179,7 +179,8 @@ def step_benchmark(args) -> dict:
                       out_dir=scratch / "out", scratch_dir=scratch / "scratch")
         set_up_s = time.perf_counter() - started
         order = torch.randperm(len(run.features), generator=torch.Generator().manual_seed(0)).tolist()
-        micro = list(loop.padded_micro_batches(run.features, order, config.micro_batch_size))
+        micro = list(loop.padded_micro_batches(run.features, order, config.micro_batch_size, loop._feature_dtype(run),
+                                               with_last_hidden=run.needs_target))
         batches = [micro[i : i + config.grad_accumulation] for i in range(0, len(micro), config.grad_accumulation)]
         batches = [group for group in batches if len(group) == config.grad_accumulation]
 

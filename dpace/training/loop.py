@@ -51,10 +51,12 @@ from dpace.training.training_records import (
 
 
 def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int,
-                         feature_dtype: torch.dtype = torch.float32):
+                         feature_dtype: torch.dtype = torch.float32, with_last_hidden: bool = True):
     """Right-padded micro-batches; padding has loss mask 0, so no anchor ever lands on it. The target's
     features come in ``feature_dtype`` (the loop keeps bf16 features bf16 where autocast would cast
-    their float32 copy back to bf16 anyway: ``_feature_dtype``)."""
+    their float32 copy back to bf16 anyway: ``_feature_dtype``); its last hidden states only
+    ``with_last_hidden`` (the loop: only for objectives that read them)."""
+    keys = ("hidden", "last_hidden") if with_last_hidden else ("hidden",)
     for start in range(0, len(order), micro_batch_size):
         items = [features.sequence(i) for i in order[start : start + micro_batch_size]]
         width = max(len(item["input_ids"]) for item in items)
@@ -62,14 +64,14 @@ def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_siz
             "input_ids": torch.zeros((len(items), width), dtype=torch.long),
             "loss_mask": torch.zeros((len(items), width)),
         }
-        for key in ("hidden", "last_hidden"):
+        for key in keys:
             if key in items[0]:
                 batch[key] = torch.zeros((len(items), width, items[0][key].shape[-1]), dtype=feature_dtype)
         for row, item in enumerate(items):
             length = len(item["input_ids"])
             batch["input_ids"][row, :length] = item["input_ids"]
             batch["loss_mask"][row, :length] = item["loss_mask"]
-            for key in ("hidden", "last_hidden"):
+            for key in keys:
                 if key in batch:
                     batch[key][row, :length] = item[key].to(feature_dtype)
         yield batch
@@ -361,7 +363,7 @@ def _train(run: TrainingRun, out_dir: Path, stop_after_steps: int | None) -> boo
             # The data order depends only on (seed, epoch): a resumed run sees the same batches.
             order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed * 1000 + run.epoch))
             micro_batches = list(padded_micro_batches(features, order.tolist(), config.micro_batch_size,
-                                                      _feature_dtype(run)))
+                                                      _feature_dtype(run), with_last_hidden=run.needs_target))
             while run.step_in_epoch < run.steps_per_epoch:
                 started = device_clock(run.device)
                 first = run.step_in_epoch * config.grad_accumulation
