@@ -14,5 +14,7 @@ rule prepare_target:
         spec=lambda wildcards: config["targets"][wildcards.target],
         seed=config["seed"],
         code=script_fingerprint("prepare_target.py"),
+    resources:
+        **stage_resources("prepare_target"),  # no GPU; the SLURM profile's default cores and memory
     script:
         "../scripts/prepare_target.py"
