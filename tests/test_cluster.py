@@ -7,13 +7,19 @@ mariadb-server); DPACE_SKIP_CLUSTER=1 skips them, except under CI=true, where th
 
 from __future__ import annotations
 
+import hashlib
+import json
 import os
 import re
+import shutil
+import signal
 import subprocess
 import sys
+import time
 from pathlib import Path
 from types import SimpleNamespace
 
+import pandas as pd
 import pytest
 import yaml
 from test_profiles import GPU_RULES, planned_jobs
@@ -145,3 +151,162 @@ def test_cpu_configs_ask_no_gpu_and_fit_the_node_the_environment_names(tmp_path)
     paper = dry_run_commands(tmp_path, PAPER, "results/table_main.tex", env)
     assert {argument(c, "--gpus") for r, c in paper if r == "train_drafter"} == {"h100:2"}
 
+
+# ---------------------------------------------------------------------------------------------------------
+# A real one-node cluster (workflow/cluster/slurm.sh): submissions through workflow/profiles/slurm
+
+TABLE = "results/table_main.tex"
+TIMING = ["speedup", "ar_tpot_s", "spec_tpot_s"]  # measured times: the only columns two runs may differ in
+
+
+@pytest.fixture(scope="module")
+def slurm() -> dict[str, str]:
+    """Brings the cluster up (idempotent; .ci/run already did under CI) and returns the environment of a
+    submission: the README's (section "On a cluster") account, partition and node size."""
+    if os.environ.get("CI") != "true":
+        if os.environ.get("DPACE_SKIP_CLUSTER") == "1":
+            pytest.skip("DPACE_SKIP_CLUSTER=1")
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            pytest.skip("a test cluster needs root and apt-get (bash workflow/cluster/slurm.sh up)")
+    up = subprocess.run(["bash", str(SLURM_SCRIPT), "up"], capture_output=True, text=True, timeout=1200)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    cpus, mem_mb = subprocess.run(["sinfo", "-h", "-N", "-p", PARTITION, "-o", "%c %m"], capture_output=True,
+                                  text=True, check=True).stdout.split()[:2]
+    return {**os.environ, "PYTHONPATH": str(REPO), "SLURM_ACCOUNT": ACCOUNT, "SLURM_PARTITION": PARTITION,
+            "DPACE_SLURM_CPUS": cpus, "DPACE_SLURM_MEM_MB": mem_mb}
+
+
+def readme_cluster_commands() -> list[list[str]]:
+    """The `snakemake` command lines of README's "On a cluster" section, in order."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## On a cluster", 1)[1].split("\n## ", 1)[0]
+    return [line.split("#")[0].split() for line in section.splitlines() if line.startswith("snakemake ")]
+
+
+def cluster_run(workdir: Path, config: Path, args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """A README command line (its snakemake arguments) run on the test's workdir and config, in the
+    background, in its own process group, its output in ``log``."""
+    args = list(args)
+    if "--configfile" in args:  # the README's config file -> the test's copy of it (absolute mirror)
+        args[args.index("--configfile") + 1] = str(config)
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    if "--configfile" not in args:
+        command[5:5] = ["--configfile", str(config), "--replace-workflow-config"]
+    with log.open("a") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(run: subprocess.Popen, log: Path, timeout: int = 1200) -> str:
+    try:
+        run.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=120)
+    text = log.read_text(errors="replace")
+    assert run.returncode == 0, text[-5000:]
+    return text
+
+
+def slurm_ids(text: str) -> list[str]:
+    return re.findall(r"has been submitted with SLURM jobid (\d+)", text)
+
+
+def sacct(ids: list[str]) -> list[dict[str, str]]:
+    """One row per SLURM job (its allocation, -X): id, comment (rule_<rule>[_wildcards_...]), state, CPUs."""
+    fields = ["JobID", "Comment", "State", "AllocCPUS", "ElapsedRaw"]
+    for _ in range(30):  # slurmdbd records a job's end within seconds
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(ids), f"--format={','.join(fields)}"],
+                             capture_output=True, text=True, check=True).stdout
+        rows = [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
+        if len(rows) == len(ids) and not any(r["State"] in ("PENDING", "RUNNING") for r in rows):
+            return rows
+        time.sleep(2)
+    raise AssertionError(f"sacct does not list jobs {ids} as ended: {rows}")
+
+
+def rule_of(comment: str) -> str:
+    return re.match(r"rule_(\w+?)(?:_wildcards_|$)", comment).group(1)
+
+
+def file_digests(results: Path, folder: str) -> dict[str, str]:
+    root = results / folder
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def same_drafters(first: Path, second: Path) -> None:
+    """Every drafter's weights and checksum sidecars byte for byte, and its per-step losses."""
+    digests = [{k: v for k, v in file_digests(r / "results", "drafters").items() if not k.endswith("steps.jsonl")
+                and not k.endswith("summary.json")} for r in (first, second)]
+    assert digests[0] and digests[0] == digests[1]
+    for steps in sorted((first / "results" / "drafters").rglob("steps.jsonl")):
+        other = second / steps.relative_to(first)
+        losses = [[json.loads(line)["loss"] for line in path.read_text().splitlines()] for path in (steps, other)]
+        assert losses[0] == losses[1], steps
+
+
+@pytest.fixture(scope="module")
+def table_1_runs(slurm, tmp_path_factory, mirror) -> dict:
+    """README's cluster lines on Table 1 of the smoke config (only the environment changes: account,
+    partition, node size), with the submitting Snakemake killed mid-way (SIGKILL: a closed login session)
+    and README's recovery lines; and a local run of the same config, at the same time."""
+    tmp_path = tmp_path_factory.mktemp("table_1")
+    submit, unlock, again = readme_cluster_commands()
+    assert submit == again and unlock == ["snakemake", "--unlock"], (submit, unlock, again)
+    assert submit[-1] == TABLE and "--workflow-profile" in submit
+    config = write_config(tmp_path)
+    local_dir, cluster_dir = tmp_path / "local", tmp_path / "cluster"
+    local_log, cluster_log = tmp_path / "local.log", tmp_path / "cluster.log"
+    local = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(local_dir), "--configfile",
+         str(config), "--replace-workflow-config", "--cores", "2", TABLE],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=local_log.open("w"), stderr=subprocess.STDOUT)
+    run = cluster_run(cluster_dir, config, submit[1:], slurm, cluster_log)
+    deadline = time.monotonic() + 900
+    while "rule_train_drafter" not in cluster_log.read_text(errors="replace") and run.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    os.killpg(run.pid, signal.SIGKILL)  # Snakemake dies; its submitted SLURM jobs go on
+    run.wait()
+    killed = cluster_log.read_text(errors="replace")
+    assert "rule_train_drafter" in killed, killed[-3000:]
+    for step in (unlock, again):
+        text = finish(cluster_run(cluster_dir, config, step[1:], slurm, cluster_log), cluster_log)
+    assert "Nothing to be done" not in text.rsplit("Building DAG", 1)[-1]
+    return {"local": local_dir, "cluster": cluster_dir, "killed": killed, "local_text": finish(local, local_log),
+            "cluster_text": cluster_log.read_text(errors="replace")}
+
+
+@pytest.mark.slow  # a SLURM run and a local run of Table 1's smoke DAG (about 5 minutes)
+def test_table_1_through_slurm_equals_a_local_run_after_a_killed_snakemake(table_1_runs):
+    """Every job but the local rules ran as one SLURM job (sacct, by its rule), the killed run recovered
+    with README's lines, and drafters, metrics and Table 1 equal the local run's."""
+    local_dir, cluster_dir = table_1_runs["local"], table_1_runs["cluster"]
+    # sacct: every non-local job of the run's plan completed as a SLURM job named by its rule; a job runs
+    # twice only when it was running as Snakemake died (its rerun is the recovery's)
+    rows = sacct(slurm_ids(table_1_runs["cluster_text"]))
+    stats = table_1_runs["local_text"].split("Job stats:")[1]
+    planned = {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", stats, re.M)
+               if rule not in LOCAL_RULES and rule != "total"}
+    completed: dict[str, set[str]] = {}
+    for row in rows:
+        if row["State"] == "COMPLETED":
+            completed.setdefault(rule_of(row["Comment"]), set()).add(row["Comment"])
+    assert {rule: len(c) for rule, c in completed.items()} == planned, rows
+    killed_ids = set(slurm_ids(table_1_runs["killed"]))
+    repeated = {r["Comment"] for r in rows if sum(o["Comment"] == r["Comment"] for o in rows) > 1}
+    for comment in repeated:
+        assert any(r["JobID"] in killed_ids and r["Comment"] == comment for r in rows), (comment, rows)
+    assert not LOCAL_RULES & {rule_of(r["Comment"]) for r in rows}
+
+    same_drafters(local_dir, cluster_dir)
+    for name in ("main.csv", "main_comparisons.csv"):
+        frames = [pd.read_csv(d / "results" / "metrics" / name) for d in (local_dir, cluster_dir)]
+        if "metric" in frames[0].columns:  # the comparisons: a row per metric; speedup is timed
+            frames = [f[~f["metric"].isin(TIMING)].reset_index(drop=True) for f in frames]
+            assert len(frames[0]) and set(frames[0]["metric"]) == {"tau"}
+        columns = [c for c in frames[0].columns if not any(t in c for t in TIMING)]
+        pd.testing.assert_frame_equal(frames[0][columns], frames[1][columns])
+    from test_workflow import tau_cells
+    tables = [(d / TABLE).read_text() for d in (local_dir, cluster_dir)]
+    assert tau_cells(tables[0]) and tau_cells(tables[0]) == tau_cells(tables[1])
