@@ -310,3 +310,72 @@ def test_table_1_through_slurm_equals_a_local_run_after_a_killed_snakemake(table
     from test_workflow import tau_cells
     tables = [(d / TABLE).read_text() for d in (local_dir, cluster_dir)]
     assert tau_cells(tables[0]) and tau_cells(tables[0]) == tau_cells(tables[1])
+
+# A drafter that trains long enough (minutes on 2 cores) to be cancelled and to outlive a 1-minute limit,
+# from Table 1's smoke data (the runs above made its target, answers and features); threads from the stage
+# table (job_threads unset: the fallback a cluster executor needs, which leaves Snakemake's cores unset).
+FAULT_EPOCHS = 240
+FAULT = {"job_threads": None, "train.epochs": FAULT_EPOCHS, "train.num_anchors": 64, "train.save_every_steps": 4}
+FAULT_DRAFTER = f"dpace-alpha0.5-d1-b4-e{FAULT_EPOCHS}"
+
+
+def running_jobs(rule: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if len(line.split()) > 1 and rule_of(line.split()[1]) == rule]
+
+
+def wait_for(condition, what: str, run: subprocess.Popen, log: Path, timeout: float = 900):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        assert run.poll() is None, f"the run ended before {what}: " + log.read_text(errors="replace")[-3000:]
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow  # a SLURM run and a local run of one long training (several minutes)
+def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slurm, table_1_runs, tmp_path):
+    """scancel of the running training job, then its resubmission hitting a 1-minute runtime limit: each
+    time Snakemake resubmits it (README's command, the profile's retries raised to 2 for the two faults)
+    and it resumes from its last saved state; the drafter equals a local uninterrupted run's."""
+    local_dir, cluster_dir = table_1_runs["local"], table_1_runs["cluster"]
+    submit = readme_cluster_commands()[0]
+    config = write_config(tmp_path, **FAULT)
+    target = f"results/drafters/tiny/{FAULT_DRAFTER}/summary.json"
+    cpus = slurm["DPACE_SLURM_CPUS"]
+    local_log, cluster_log = tmp_path / "local.log", tmp_path / "cluster.log"
+    local = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(local_dir), "--configfile",
+         str(config), "--replace-workflow-config", "--cores", cpus, target],  # threads = the node's cores
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=local_log.open("w"), stderr=subprocess.STDOUT)
+    options = [a for a in submit[1:-1] if a != "--"]  # README's options, its target replaced
+    args = [*options, "--retries", "2", "--set-resources", "train_drafter:runtime=[60, 1, 60][attempt - 1]", "--",
+            target]
+    run = cluster_run(cluster_dir, config, args, slurm, cluster_log)
+    state = cluster_dir / "results" / "scratch" / "train" / "tiny" / FAULT_DRAFTER / "state.pt"
+    first = wait_for(lambda: state.exists() and running_jobs("train_drafter"), "a saved training state", run, cluster_log)
+    subprocess.run(["scancel", first[0]], check=True)
+    second = wait_for(lambda: [j for j in running_jobs("train_drafter") if j != first[0]], "the resubmission", run,
+                      cluster_log)
+    text = finish(run, cluster_log)
+    finish(local, local_log)
+
+    rows = [r for r in sacct(slurm_ids(text)) if rule_of(r["Comment"]) == "train_drafter"]
+    assert [r["State"].split()[0] for r in rows] == ["CANCELLED", "TIMEOUT", "COMPLETED"], rows
+    assert rows[1]["JobID"] == second[0] and int(rows[1]["ElapsedRaw"]) >= 60, rows
+    # threads: the stage table's 16 cores at most the node's, asked for and used
+    assert {r["AllocCPUS"] for r in rows} == {cpus}, rows
+    summary = json.loads((cluster_dir / target).read_text())
+    assert summary["config"]["threads"] == int(cpus)
+    log = (cluster_dir / "results" / "logs" / "train" / "tiny" / f"{FAULT_DRAFTER}.log").read_text(errors="replace")
+    resumed_at = int(re.search(r"train dpace[^|\n]*\|[^|\n]*\| *(\d+)/\d+ \[", log).group(1))  # the last attempt's progress bar starts there
+    assert 0 < resumed_at < summary["steps"], resumed_at
+    digests = [file_digests(d / "results" / "drafters" / "tiny", FAULT_DRAFTER) for d in (local_dir, cluster_dir)]
+    digests = [{k: v for k, v in d.items() if not k.endswith(("steps.jsonl", "summary.json"))} for d in digests]
+    assert len([k for k in digests[0] if k.endswith("model.safetensors")]) == FAULT_EPOCHS, sorted(digests[0])
+    assert digests[0] == digests[1]
+    losses = [[json.loads(line)["loss"] for line in (d / "results" / "drafters" / "tiny" / FAULT_DRAFTER /
+                                                    "steps.jsonl").read_text().splitlines()] for d in (local_dir, cluster_dir)]
+    assert losses[0] == losses[1]
