@@ -166,6 +166,7 @@ down() {
   wait_for 30 bash -c '! pgrep -x slurmd && ! pgrep -x slurmctld && ! pgrep -x slurmdbd' || true
   if mysqladmin ping --silent >/dev/null 2>&1; then mysqladmin -u root shutdown || true; fi
   pkill -x munged || true
+  wait_for 10 bash -c '! pgrep -x munged' || true
   log "down"
 }
 
