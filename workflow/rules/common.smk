@@ -32,7 +32,7 @@ from dpace.experiments import (
 from dpace.responses.conversations import is_local
 from dpace.training.train_config import train_knobs
 from dpace.training.training_records import STEPS_FILE
-from dpace import fingerprint
+from dpace import cluster, fingerprint
 from dpace.io import content_digest
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
@@ -49,11 +49,36 @@ RESULTS = "results"
 SCRATCH = f"{RESULTS}/scratch"
 
 
-def job_threads(wildcards):
-    """Threads of a heavy job: every core unless the config says otherwise, so two timing jobs never share
-    the CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side. A function,
-    as `workflow.cores` is only known to runs given --cores (`snakemake --unlock` is not)."""
-    return config["job_threads"] or workflow.cores
+def job_threads(stage):
+    """Threads of a heavy job of rule ``stage``: every core unless the config says otherwise, so two timing
+    jobs never share the CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by
+    side. A run that gives no core count (a cluster executor, which leaves `workflow.cores` unset, or
+    `snakemake --unlock`) takes the stage's cores from the SLURM profile's stage table (dpace.cluster:
+    workflow/profiles/slurm/stages.yaml, at most DPACE_SLURM_CPUS); each SLURM job asks for as many
+    cores as it has threads (stage_resources)."""
+
+    def threads(wildcards):
+        if config["job_threads"]:
+            return config["job_threads"]
+        # A cluster run (and a dry run of one, which Snakemake plans with threads as the cluster executor
+        # would: use_threads) or one of its jobs (remote, given --cores all of the node): the stage's cores.
+        submitted = not workflow.local_exec or workflow.remote_exec or workflow.execution_settings.use_threads
+        if not submitted and workflow._cores:
+            return workflow._cores
+        return cluster.stage_cpus(stage)
+
+    return threads
+
+
+def stage_resources(stage):
+    """A heavy job's resources: ``gpu`` (also the local profile's GPU token) only when its stage's backend
+    or the config's device uses one, the GPU type and partition of the SLURM profile's stage table, and
+    --cpus-per-task equal to the job's threads (dpace.cluster)."""
+    try:
+        resources = cluster.stage_resources(stage, cluster.stage_gpus(stage, config))
+    except cluster.ClusterError as error:
+        raise WorkflowError(str(error)) from None
+    return {**resources, "cpus_per_task": lambda wildcards, threads: threads}
 
 
 # Names of the data sets imported with the target's answers already in them (targets.<t>.responses).

@@ -23,9 +23,10 @@ rule train_drafter:
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
         code=lambda wildcards: script_fingerprint("train_drafter.py", variant(wildcards).objective),
-    threads: job_threads
+    threads: job_threads("train_drafter")
     resources:
-        # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two.
-        gpu=2 if config["train"]["backend"] == "specforge" else 1,
+        # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two,
+        # the local loop one with `device: cuda`, none on a CPU config (dpace.cluster.stage_gpus).
+        **stage_resources("train_drafter"),
     script:
         "../scripts/train_drafter.py"
