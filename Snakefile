@@ -10,6 +10,15 @@ from snakemake.utils import min_version
 min_version("9.0")
 
 
+# Snakemake 9 does not hand --replace-workflow-config to the jobs a cluster executor submits: each SLURM job
+# would merge config.yaml under the run's config files and compute other params than the run planned. The
+# run's choice travels in the environment (sbatch --export=ALL) instead.
+if workflow.config_settings.replace_workflow_config:
+    os.environ["DPACE_REPLACE_WORKFLOW_CONFIG"] = "1"
+elif workflow.remote_exec and os.environ.get("DPACE_REPLACE_WORKFLOW_CONFIG") == "1":
+    workflow.config_settings.replace_workflow_config = True
+
+
 configfile: os.path.join(workflow.basedir, "config.yaml")
 
 

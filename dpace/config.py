@@ -9,6 +9,7 @@ the same drafter share one training job and one evaluation.
 from __future__ import annotations
 
 import copy
+import re
 from dataclasses import dataclass, field, replace
 from pathlib import Path
 
@@ -186,10 +187,31 @@ def training_prompt_counts(config: dict) -> dict[str, int]:
     return {name: counts[name] for name in sets}
 
 
+def _shown_name(name: str) -> str:
+    """A name for a message: whole when short, else its start and its length."""
+    return repr(name) if len(name) <= 64 else f"{name[:40]!r}... ({len(name)} characters)"
+
+
+def _check_names(config: dict) -> None:
+    """Target and experiment names are folder names: the whole name matches the schema's pattern (JSON schema's
+    ``pattern`` searches, and ``$`` matches before a trailing newline: ``tiny\\n`` passes it) and fits its
+    length, checked here so that no job meets a name the file system refuses."""
+    schema = load_schema()["properties"]
+    for section in ("targets", "experiments"):
+        rule = schema[section]["propertyNames"]
+        for name in config[section]:
+            if not re.fullmatch(rule["pattern"], name):
+                raise ConfigError(f"{section}: {_shown_name(name)} does not match {rule['pattern']} as a whole "
+                                  "(a folder name: letters, digits, '.', '_', '-')")
+            if len(name) > rule["maxLength"]:
+                raise ConfigError(f"{section}: {_shown_name(name)} is longer than {rule['maxLength']} characters")
+
+
 def check_config(config: dict) -> None:
     """Checks beyond the schema; each failure names the key and what is allowed. Enums (benchmark names,
     train.precision, ...) are the schema's alone. Fills the schema's defaults first, as validate_config does."""
     _fill_defaults(config, load_schema())
+    _check_names(config)
     if config["main_target"] not in config["targets"]:
         raise ConfigError(f"main_target: {config['main_target']!r} is not one of targets {sorted(config['targets'])}")
     counts = config["data"]["prompts_per_benchmark"]
@@ -333,6 +355,10 @@ def validate_config(config: dict, schema_path: str | Path = SCHEMA) -> None:
             fitting = [e for e in error.context if e.validator != "type"]  # branches of the right type
             error = jsonschema.exceptions.best_match(fitting or error.context)
         where = _key_path(error.absolute_path)
+        if "propertyNames" in error.schema_path:  # a name: shown whole only when short
+            raise ConfigError(f"{where}: {_shown_name(error.instance)} "
+                              + (f"does not match {error.validator_value!r}" if error.validator == "pattern"
+                                 else f"is longer than {error.validator_value} characters"))
         if error.validator == "additionalProperties":
             allowed = sorted(error.schema.get("properties", {}))
             extra = sorted(set(error.instance) - set(allowed))

@@ -104,6 +104,10 @@ def benchmark_prompts(name: str, num_prompts: int, seed: int, mirror: str | None
         missing = [key for key in spec.required if key not in row]
         if missing:
             raise ValueError(f"benchmark {name!r} row {index} lacks required field(s) {missing}")
+    if num_prompts > len(rows):  # refused, never silently fewer: every table and claim would count them
+        source = f"{Path(mirror) / 'benchmarks' / name}.jsonl" if mirror else f"hub data set {'/'.join(spec.hub_args)}"
+        raise ValueError(f"data.prompts_per_benchmark: {num_prompts} prompts of benchmark {name!r} asked for, but "
+                         f"{source} has {len(rows)} rows; ask for at most {len(rows)}")
     chosen = dflash_benchmark_rows(len(rows), num_prompts, seed)
     return [{"id": f"{name}-{i}", "benchmark": name,
              "turns": check_turns(spec.turns(rows[i]), _row_where("benchmarks", name, mirror, i))} for i in chosen]
@@ -153,6 +157,7 @@ def training_prompts(
     order = list(range(len(rows)))
     random.Random(seed).shuffle(order)
     prompts, skipped = [], {"no_user_turn": 0, "too_long": 0}
+    first_row = {}  # prompt id -> the row it came from: ids key the answers, features and mixtures downstream
     for index in order:
         text = _first_user_turn(rows[index], _row_where("train", name, mirror, index))
         if not isinstance(text, str) or not text.strip():
@@ -161,7 +166,14 @@ def training_prompts(
         if max_chars is not None and len(text) > max_chars:
             skipped["too_long"] += 1  # skipped and counted, never silently truncated
             continue
-        prompts.append({"id": str(rows[index].get("id", f"{name}-{index}")), "prompt": text})
+        prompt_id = str(rows[index].get("id", f"{name}-{index}"))
+        if prompt_id in first_row:
+            raise ValueError(
+                f"{_row_where('train', name, mirror, index)}: prompt id {prompt_id!r} appears twice in training set "
+                f"{name!r} (also at {_row_where('train', name, mirror, first_row[prompt_id])}); ids must be unique "
+                "within a set: fix that row")
+        first_row[prompt_id] = index
+        prompts.append({"id": prompt_id, "prompt": text})
         if len(prompts) == num_prompts:
             break
     if not prompts:
@@ -193,14 +205,16 @@ def mixed_training_prompts(
     The paper's main drafters train on such a mixture (Nemotron-Post-Training-Dataset-v2 and
     CodeAlpaca); skipped counts are reported per set.
     """
-    prompts, skipped = [], {}
+    prompts, skipped, set_of = [], {}, {}
     for name, count in counts.items():
-        rows, set_skipped = training_prompts(name, count, seed, mirror, max_chars)
+        rows, set_skipped = training_prompts(name, count, seed, mirror, max_chars)  # ids unique within the set
+        shared = sorted(row["id"] for row in rows if row["id"] in set_of)
+        if shared:
+            raise ValueError(f"training sets {set_of[shared[0]]!r} and {name!r} share prompt id(s) {shared[:5]}"
+                             f"{' ...' if len(shared) > 5 else ''}; a mixture needs distinct ids")
+        set_of.update((row["id"], name) for row in rows)
         prompts += rows
         skipped[name] = {"written": len(rows), **set_skipped}
-    ids = [row["id"] for row in prompts]
-    if len(set(ids)) != len(ids):
-        raise ValueError(f"training sets {list(counts)} share prompt ids; a mixture needs distinct ids")
     random.Random(seed).shuffle(prompts)
     return prompts, skipped
 

@@ -16,7 +16,15 @@ import torch
 from safetensors.torch import save_file
 from tqdm import tqdm
 
-from dpace.io import atomic_folder, atomic_write_json, load_safetensors, read_json, read_jsonl
+from dpace.io import (
+    atomic_folder,
+    atomic_write_json,
+    load_safetensors,
+    read_json,
+    read_jsonl,
+    verify_checksums,
+    write_checksums,
+)
 from dpace.schema import schema_defaults, schema_enum
 from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 
@@ -306,6 +314,7 @@ def _write_shards(target, sequences, out_dir: Path, *, mode, layer_ids, with_las
         **counts,
     }
     atomic_write_json(out_dir / "index.json", index)
+    write_checksums(out_dir)  # load_features refuses a shard changed since (a flipped byte still loads)
     return index
 
 
@@ -314,6 +323,7 @@ def load_features(features_dir: str | Path) -> FeatureSet:
     fix = f"delete {features_dir} and rerun"
     index = read_json(features_dir / "index.json", fix=fix)
     shards = [load_safetensors(features_dir / name, fix=fix) for name in index["shards"]]
+    verify_checksums(features_dir, fix=fix, what="the feature folder")
     return FeatureSet.concatenate([
         FeatureSet(
             input_ids=shard["input_ids"], loss_mask=shard["loss_mask"], offsets=shard["offsets"],

@@ -17,12 +17,18 @@ one of them. ``objective_sources`` splits each into the code every objective sha
 (its record, its weight function), so a training job fingerprinted for its objective
 (``script_fingerprint(..., objective=...)``) reruns when the shared code or its own objective changes, and not
 when another objective is added or edited.
+
+The versions of the installed packages that shape the numbers (``SHAPING_PACKAGES``: torch, transformers,
+specforge, dflash, sglang) count too, those the job's code imports (the script and its ``dpace`` modules,
+``shaping_versions``): an upgrade of torch reruns every job that runs torch, and leaves the data jobs alone.
 """
 
 from __future__ import annotations
 
 import ast
 import hashlib
+import json
+from importlib import metadata
 from pathlib import Path
 
 PACKAGE = "dpace"
@@ -32,6 +38,9 @@ PACKAGE_DIR = Path(__file__).resolve().parent
 OBJECTIVE_MODULES = ("dpace.objective_records", "dpace.training.objectives")
 RECORD_CLASS = "Objective"
 WEIGHTS_DICT = "WEIGHTS"
+# Installed packages whose version can change a job's numbers (their distribution names): part of the fingerprint
+# of every job whose code imports them. An absent one (sglang on a CPU machine) counts as absent.
+SHAPING_PACKAGES = ("torch", "transformers", "specforge", "dflash", "sglang")
 
 
 def module_path(module: str, package_dir: Path = PACKAGE_DIR) -> Path | None:
@@ -187,7 +196,37 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: 
     return digest.hexdigest()[:16]
 
 
+def _imported_packages(source: str) -> set[str]:
+    """Top-level names of every absolute import of ``source`` (``torch`` for ``from torch.nn import Module``)."""
+    found = set()
+    for node in ast.walk(ast.parse(source)):
+        if isinstance(node, ast.Import):
+            found.update(alias.name.split(".")[0] for alias in node.names)
+        elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
+            found.add(node.module.split(".")[0])
+    return found
+
+
+def package_version(package: str) -> str:
+    """The installed version of ``package``, or ``"absent"``."""
+    try:
+        return metadata.version(package)
+    except metadata.PackageNotFoundError:
+        return "absent"
+
+
+def shaping_versions(script: str | Path, package_dir: Path = PACKAGE_DIR) -> dict[str, str]:
+    """{package: installed version} of the SHAPING_PACKAGES that ``script`` or a ``dpace`` module it runs imports."""
+    sources = [Path(script).read_text()] + [module_path(m, package_dir).read_text()
+                                            for m in script_modules(script, package_dir)]
+    imported = set().union(*(_imported_packages(source) for source in sources))
+    return {package: package_version(package) for package in SHAPING_PACKAGES if package in imported}
+
+
 def script_fingerprint(script: str | Path, package_dir: Path = PACKAGE_DIR, objective: str | None = None) -> str:
     """The fingerprint of every ``dpace`` module ``script`` runs (see ``script_modules``); with ``objective``,
-    of only the part of the OBJECTIVE_MODULES that objective runs (see ``code_fingerprint``)."""
-    return code_fingerprint(*script_modules(script, package_dir), package_dir=package_dir, objective=objective)
+    of only the part of the OBJECTIVE_MODULES that objective runs (see ``code_fingerprint``); and of the versions
+    of the SHAPING_PACKAGES that code imports (``shaping_versions``), so an upgrade reruns the jobs that run them."""
+    code = code_fingerprint(*script_modules(script, package_dir), package_dir=package_dir, objective=objective)
+    versions = json.dumps(shaping_versions(script, package_dir), sort_keys=True)
+    return hashlib.sha256(f"{code}\n{versions}".encode()).hexdigest()[:16]

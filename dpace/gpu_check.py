@@ -124,6 +124,7 @@ def write_config(workdir: Path, mirror: Path, backends: dict, *, cpu: bool = Fal
         config["responses"]["max_new_tokens"] = LEARNABLE["max_new_tokens"]
         config["train"].update(epochs=LEARNABLE["epochs"], num_anchors=LEARNABLE["num_anchors"])
     if not cpu:
+        config["device"] = "cuda"  # every heavy job asks for the GPU (dpace.cluster.stage_gpus)
         config["train"].update(precision="bf16", attention_backend="flex_attention")
         config["eval"]["dtype"] = "bfloat16"
     path = workdir / "gpu_check.yaml"
@@ -152,6 +153,7 @@ def embedded_config(workdir: Path, mirror: Path, *, cpu: bool = False, tokenizer
     config = yaml.safe_load(EMBEDDED_CONFIG.read_text())
     config["data"]["mirror"] = str(mirror)
     if cpu:
+        config["device"] = "cpu"
         for section, values in EMBEDDED_MINIATURE.items():
             config[section].update(values)
         name = config["main_target"]

@@ -9,6 +9,7 @@ hidden ``.tmp`` sibling that no stage reads).
 
 from __future__ import annotations
 
+import errno
 import json
 import os
 import shutil
@@ -30,6 +31,49 @@ def _as_created(path: Path, mode: int) -> None:
     os.chmod(path, mode & ~_umask())
 
 
+class WriteFailed(OSError):
+    """A write the operating system refused (a full disk, a quota, permissions, a read-only file system): the
+    message names the artifact's path, which the writer's own error (safetensors', torch's) often does not.
+    ``errno`` and ``filename`` are set as an OSError's; the message is the one line given."""
+
+    def __str__(self) -> str:
+        return str(self.args[0])
+
+
+def _is_os_failure(error: BaseException, folder: Path) -> bool:
+    """An error of the file system under a writer into ``folder``: an OSError about no file or a file there (not
+    an input the writer reads elsewhere), or a library's wrapping of one (safetensors' ``SafetensorError: ...
+    IoError(Os { code: 28 ...``, torch's ``PytorchStreamWriter failed writing file``)."""
+    if isinstance(error, OSError):
+        return error.filename is None or Path(os.fsdecode(error.filename)).resolve().is_relative_to(folder.resolve())
+    text = str(error)
+    return type(error).__name__ == "SafetensorError" and ("IoError" in text or "os error" in text.lower()) or (
+        isinstance(error, RuntimeError) and ("failed writing" in text or "file write failed" in text))
+
+
+def _write_failed(path: Path, error: BaseException) -> WriteFailed:
+    text = str(error)
+    full = getattr(error, "errno", None) == errno.ENOSPC or "No space left" in text or "StorageFull" in text
+    hint = "its file system is full: free space there and rerun" if full else "check the folder and rerun"
+    failed = WriteFailed(f"could not write {path}: {type(error).__name__}: {text} ({hint})")
+    failed.errno = errno.ENOSPC if full else getattr(error, "errno", None)
+    failed.filename = str(path)
+    return failed
+
+
+@contextmanager
+def _naming_the_path(path: Path) -> Iterator[None]:
+    """Re-raise a file-system error of the block as ``WriteFailed`` naming ``path``."""
+    try:
+        yield
+    except WriteFailed:
+        raise
+    except Exception as error:
+        if _is_os_failure(error, path.parent):
+            raise _write_failed(path, error) from error
+        raise
+
+
 @contextmanager
 def atomic_file(path: str | Path) -> Iterator[Path]:
     """Yield a temporary path next to ``path``; rename it to ``path`` when the block ends normally.
@@ -38,14 +82,16 @@ def atomic_file(path: str | Path) -> Iterator[Path]:
     on an exception the temporary is removed and ``path`` keeps whatever it held before.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
-    os.close(fd)
+    with _naming_the_path(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        fd, tmp = tempfile.mkstemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp")
+        os.close(fd)
     tmp = Path(tmp)
     try:
-        yield tmp
-        _as_created(tmp, 0o666)
-        os.replace(tmp, path)
+        with _naming_the_path(path):
+            yield tmp
+            _as_created(tmp, 0o666)
+            os.replace(tmp, path)
     except BaseException:
         tmp.unlink(missing_ok=True)
         raise
@@ -59,19 +105,21 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     exception the temporary folder is removed and ``path`` is left as it was.
     """
     path = Path(path)
-    path.parent.mkdir(parents=True, exist_ok=True)
-    tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
+    with _naming_the_path(path):
+        path.parent.mkdir(parents=True, exist_ok=True)
+        tmp = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".tmp"))
     try:
-        yield tmp
-        _as_created(tmp, 0o777)
-        if path.exists():
-            # Two renames: in between, path is absent, never partial.
-            old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
-            os.replace(path, old / "previous")
-            os.replace(tmp, path)
-            shutil.rmtree(old, ignore_errors=True)
-        else:
-            os.replace(tmp, path)
+        with _naming_the_path(path):
+            yield tmp
+            _as_created(tmp, 0o777)
+            if path.exists():
+                # Two renames: in between, path is absent, never partial.
+                old = Path(tempfile.mkdtemp(dir=path.parent, prefix=f".{path.name}.", suffix=".old"))
+                os.replace(path, old / "previous")
+                os.replace(tmp, path)
+                shutil.rmtree(old, ignore_errors=True)
+            else:
+                os.replace(tmp, path)
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
@@ -200,6 +248,19 @@ def input_checksum(path: str | Path) -> int:
     return checksum
 
 
+def content_digest(paths: Iterable[str | Path]) -> str:
+    """One hex digest of the files' names and bytes (``input_checksum`` of each, in the order given).
+
+    A rule passes it as a param for the files it reads from outside ``results/`` (the data mirror, a local
+    target, imported answers): a params change reruns the job, so an edit is seen whatever the file's
+    modification time says (``cp -p`` and ``rsync -t`` keep an old one; a clock can put an output in the future).
+    """
+    digest = 0
+    for path in paths:
+        digest = zlib.crc32(f"{path}\0{input_checksum(path)}\0".encode(), digest)
+    return f"{digest:08x}"
+
+
 CHECKSUMS = "checksums.json"
 
 
@@ -215,16 +276,59 @@ def write_checksums(folder: str | Path) -> None:
     atomic_write_json(folder / CHECKSUMS, _file_checksums(folder))
 
 
-def verify_checksums(folder: str | Path, *, fix: str = REMAKE) -> None:
-    """Fail naming the first file of ``folder`` that is missing, added or changed since ``write_checksums``."""
+def verify_checksums(folder: str | Path, *, fix: str = REMAKE, what: str = "the checkpoint") -> None:
+    """Fail naming the first file of ``folder`` that is missing, added or changed since ``write_checksums``
+    (``what``: the artifact, as the message names it)."""
     folder = Path(folder)
     if not (folder / CHECKSUMS).is_file():
-        raise DamagedFile(f"{folder}: no {CHECKSUMS} (written with every checkpoint); {fix}")
-    expected, found = read_json(folder / CHECKSUMS, fix=fix), _file_checksums(folder)
+        raise DamagedFile(f"{folder}: no {CHECKSUMS} (written with {what}); {fix}")
+    expected = read_json(folder / CHECKSUMS, fix=fix)
+    verify_files(folder, expected, since=f"{what} was written (its {CHECKSUMS})", fix=fix)
+
+
+def record_checksums(*paths: str | Path) -> None:
+    """Record each file's CRC32 in the ``checksums.json`` beside it (kept with the other files it lists), for
+    ``verify_recorded`` when a later job reads it: an evaluation's ``summary.json`` and ``blocks.csv``."""
+    by_folder: dict[Path, list[Path]] = {}
+    for path in map(Path, paths):
+        by_folder.setdefault(path.parent, []).append(path)
+    for folder, files in by_folder.items():
+        sidecar = folder / CHECKSUMS
+        try:
+            recorded = read_json(sidecar) if sidecar.is_file() else {}
+        except DamagedFile:
+            recorded = {}
+        atomic_write_json(sidecar, {**recorded, **{file.name: input_checksum(file) for file in files}})
+
+
+def verify_recorded(path: str | Path, *, what: str, fix: str = REMAKE) -> None:
+    """Fail, naming ``path`` and ``fix``, unless its bytes are those ``record_checksums`` recorded when ``what``
+    wrote it (a flipped byte, a file cut short or edited after the job that made it)."""
+    path = Path(path)
+    sidecar = path.parent / CHECKSUMS
+    if not sidecar.is_file():
+        raise DamagedFile(f"{path}: no {CHECKSUMS} beside it (written with {what}); {fix}")
+    expected = read_json(sidecar, fix=fix).get(path.name)
+    if expected is None:
+        raise DamagedFile(f"{path}: not in {sidecar} (written with {what}); {fix}")
+    if input_checksum(path) != expected:
+        raise DamagedFile(f"{path}: changed since {what} wrote it (its {CHECKSUMS}); {fix}")
+
+
+def folder_checksums(folder: str | Path) -> dict[str, int]:
+    """CRC32 per file of ``folder`` (relative names; hidden files and ``checksums.json`` left out)."""
+    return _file_checksums(Path(folder))
+
+
+def verify_files(folder: str | Path, expected: dict[str, int], *, since: str, fix: str = REMAKE) -> None:
+    """Fail naming the first file of ``folder`` that is missing, added or changed against ``expected``
+    (``folder_checksums`` taken when it was made: ``since`` says when)."""
+    folder = Path(folder)
+    found = _file_checksums(folder)
     for name in sorted(set(expected) | set(found)):
         if expected.get(name) != found.get(name):
-            state = "missing" if name not in found else "not in the checkpoint" if name not in expected else "changed"
-            raise DamagedFile(f"{folder / name}: {state} since the checkpoint was written (its {CHECKSUMS}); {fix}")
+            state = "missing" if name not in found else "added" if name not in expected else "changed"
+            raise DamagedFile(f"{folder / name}: {state} since {since}; {fix}")
 
 
 class JsonlAppender:

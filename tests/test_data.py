@@ -1,8 +1,11 @@
 """Benchmark and training prompts: DFlash's formatting, seeded sampling, clear errors on bad data."""
 
 import json
+import re
+from pathlib import Path
 
 import pytest
+import yaml
 
 from dpace.data import (
     benchmark_prompts,
@@ -12,6 +15,8 @@ from dpace.data import (
     write_training_prompts,
 )
 from dpace.io import read_jsonl
+
+REPO = Path(__file__).resolve().parents[1]
 
 
 def _mirror_with(tmp_path, kind, name, lines):
@@ -76,7 +81,7 @@ def test_math500_prompts_are_the_ones_dflash_selects(mirror):
 
 
 def test_asking_for_every_prompt_keeps_the_hub_order(mirror):
-    rows = benchmark_prompts("mt_bench", 1000, seed=0, mirror=str(mirror))
+    rows = benchmark_prompts("mt_bench", 80, seed=0, mirror=str(mirror))
     assert [r["id"] for r in rows] == [f"mt_bench-{i}" for i in range(80)]
 
 
@@ -152,7 +157,7 @@ def test_a_mixture_refuses_sets_that_share_ids(tmp_path):
     rows = [json.dumps({"id": "same", "conversations": [{"from": "human", "value": "hi"}]})]
     mirror = _mirror_with(tmp_path, "train", "sharegpt", rows)
     _mirror_with(tmp_path, "train", "codealpaca", [json.dumps({"id": "same", "instruction": "code", "output": "x"})])
-    with pytest.raises(ValueError, match="share prompt ids"):
+    with pytest.raises(ValueError, match=r"training sets 'sharegpt' and 'codealpaca' share prompt id\(s\) \['same'\]"):
         mixed_training_prompts({"sharegpt": 1, "codealpaca": 1}, seed=0, mirror=str(mirror))
 
 
@@ -176,3 +181,43 @@ def test_a_missing_mirror_fails_in_ci_and_skips_elsewhere(tmp_path, monkeypatch,
     assert outcome.type is (pytest.fail.Exception if ci else pytest.skip.Exception)
     (tmp_path / "benchmarks").mkdir()
     assert require_mirror(tmp_path) == tmp_path
+
+
+def test_a_duplicate_prompt_id_inside_one_set_is_refused_naming_the_file_and_the_id(tmp_path):
+    """Two rows of sharegpt with one id: the error names that file, both rows and the id, not a pair of sets."""
+    sharegpt = [json.dumps({"id": "dup" if i in (1, 3) else f"s{i}", "conversations": [{"from": "human", "value": f"q{i}"}]})
+                for i in range(4)]
+    mirror = _mirror_with(tmp_path, "train", "sharegpt", sharegpt)
+    _mirror_with(tmp_path, "train", "codealpaca", [json.dumps({"instruction": "code", "output": "x"})])
+    path = mirror / "train" / "sharegpt.jsonl"
+    message = (rf"{path}:[24]: prompt id 'dup' appears twice in training set 'sharegpt' \(also at {path}:[24]\); "
+               r"ids must be unique within a set")
+    with pytest.raises(ValueError, match=message):
+        mixed_training_prompts({"sharegpt": 4, "codealpaca": 1}, seed=0, mirror=str(mirror))
+    with pytest.raises(ValueError, match=message):
+        training_prompts("sharegpt", 4, seed=0, mirror=str(mirror))
+
+
+def test_asking_for_more_prompts_than_a_benchmark_has_is_refused(mirror):
+    """``prompts_per_benchmark: 100000`` on the 80-row Alpaca file used to give 80 prompts without a word."""
+    path = mirror / "benchmarks" / "alpaca.jsonl"
+    with pytest.raises(ValueError, match=re.escape(
+            f"data.prompts_per_benchmark: 100000 prompts of benchmark 'alpaca' asked for, but {path} has 80 rows; "
+            "ask for at most 80")):
+        benchmark_prompts("alpaca", 100000, seed=0, mirror=str(mirror))
+    assert len(benchmark_prompts("alpaca", 80, seed=0, mirror=str(mirror))) == 80
+
+
+@pytest.mark.parametrize("config", ["config.yaml", *(f"workflow/configs/{p.name}" for p in sorted(
+    (REPO / "workflow" / "configs").glob("*.yaml")))])
+def test_the_shipped_configs_ask_no_more_prompts_than_the_mirror_has(mirror, config):
+    """Every shipped config, with its data read from the mirror (paper.yaml reads the hub; the mirror's Alpaca is an
+    80-row sample, so it is held to the mirror's rows except where it names the hub's full sets)."""
+    data = yaml.safe_load((REPO / config).read_text())["data"]
+    counts = data["prompts_per_benchmark"]
+    for name in data["benchmarks"]:
+        asked = counts if isinstance(counts, int) else counts[name]
+        rows = sum(1 for _ in (mirror / "benchmarks" / f"{name}.jsonl").open())
+        if data.get("mirror") is None and name == "alpaca":  # the hub's tatsu-lab/alpaca has 52002 rows
+            continue
+        assert asked <= rows, f"{config}: data.prompts_per_benchmark asks {asked} of {name}, the mirror has {rows}"

@@ -28,7 +28,9 @@ def embedded_target_json(tmp_path_factory):
 
 def test_prepare_target_saves_smollm2_as_a_plain_hf_folder(embedded_target_json):
     record = json.loads(embedded_target_json.read_text())
+    checksums = record.pop("checksums")  # of the folder's files, verified whenever it is loaded
     assert record == {"source": "embedded", "trust_remote_code": False, "path": "model"}
+    assert {"config.json", "model.safetensors", "tokenizer.json"} <= set(checksums)
     saved_config = json.loads((embedded_target_json.parent / "model" / "config.json").read_text())
     # SmolLM2-135M's shape, and no leftover GGUF quantisation config that would refuse save/load.
     assert (saved_config["num_hidden_layers"], saved_config["hidden_size"], saved_config["vocab_size"]) == (

@@ -93,6 +93,15 @@ def first_run(setup, tmp_path_factory):
     return out, summary, prompts
 
 
+def test_an_evaluation_records_the_checksums_the_metrics_job_verifies(first_run):
+    """Issue 56: summary.json and blocks.csv are checked by content when the metrics job reads them."""
+    from dpace.io import verify_recorded
+
+    out = first_run[0]
+    for name in ("summary.json", "blocks.csv"):
+        verify_recorded(out / name, what="the evaluation")
+
+
 def test_summary_fields(first_run):
     out, summary, _ = first_run
     assert json.loads((out / "summary.json").read_text()) == summary
@@ -242,7 +251,9 @@ def test_target_checksum_follows_the_weights_not_the_folder(setup, tmp_path):
     data = bytearray(weights.read_bytes())
     data[-1] ^= 1
     weights.write_bytes(bytes(data))
-    assert target_checksum(copy) != target_checksum(target_json)
+    # other weights in the same folder are refused (issue 56): prepare_target recorded the files' checksums
+    with pytest.raises(ValueError, match=rf"{weights}: changed since the target was prepared"):
+        target_checksum(copy)
 
 
 def test_drafter_of_another_target_is_refused_by_evaluate(setup, tmp_path):

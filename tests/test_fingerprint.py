@@ -268,3 +268,22 @@ REGISTRY = (Objective("a", "A", {}, "weight", _a_weights), Objective("b", "B", {
     assert edited_b[0] == shared and edited_b[1]["a"] == own["a"] and edited_b[1]["b"] != own["b"]
     edited_helper = objective_sources(source.replace("    return x\n", "    return -x\n"))
     assert edited_helper[0] != shared
+
+
+@pytest.mark.parametrize("package", ["torch", "transformers", "specforge", "dflash", "sglang"])
+def test_an_upgrade_of_a_package_that_shapes_the_numbers_changes_the_fingerprints_of_the_jobs_that_run_it(
+        package, monkeypatch):
+    """Issue 56, item 6: a job made with torch 2.x is not kept once torch is 2.y (nor transformers, specforge,
+    dflash, sglang); a job that never imports the package (the data and report jobs) keeps its fingerprint."""
+    from importlib import metadata
+
+    scripts = {name: REPO / "workflow" / "scripts" / name for name in ("train_drafter.py", "evaluate.py",
+                                                                      "benchmark_prompts.py", "render_artifact.py")}
+    before = {name: script_fingerprint(path) for name, path in scripts.items()}
+    real = metadata.version
+    monkeypatch.setattr(metadata, "version", lambda name: "99.0" if name == package else real(name))
+    after = {name: script_fingerprint(path) for name, path in scripts.items()}
+    assert after["train_drafter.py"] != before["train_drafter.py"]
+    assert after["evaluate.py"] != before["evaluate.py"]
+    assert after["benchmark_prompts.py"] == before["benchmark_prompts.py"]
+    assert after["render_artifact.py"] == before["render_artifact.py"]

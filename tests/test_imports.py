@@ -24,7 +24,8 @@ def stage(module: str) -> int | None:
 
 def test_the_snakefile_imports_load_no_torch():
     """What every Snakefile parse imports (workflow/rules/common.smk) leaves torch out of sys.modules."""
-    code = ("import sys, dpace.config, dpace.experiments, dpace.objective_records, dpace.training.train_config; "
+    code = ("import sys, dpace.config, dpace.claims, dpace.experiments, dpace.objective_records, "
+            "dpace.training.train_config; dpace.claims.validate_claims(); "
             "print(sorted(m for m in sys.modules if m == 'torch' or m.startswith('torch.')))")
     result = subprocess.run([sys.executable, "-c", code], capture_output=True, text=True, cwd=REPO)
     assert result.returncode == 0, result.stderr[-2000:]

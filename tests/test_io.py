@@ -6,6 +6,7 @@ hold nothing (or what it held before), never the partial write.
 
 from __future__ import annotations
 
+import errno
 import os
 import signal
 import subprocess
@@ -188,3 +189,49 @@ def test_input_checksum_follows_names_and_bytes_not_hidden_leftovers(tmp_path):
     (folder / "sub" / "weights.bin").rename(folder / "sub" / "other.bin")
     assert input_checksum(folder) != before  # same bytes under another name
     assert input_checksum(folder / "config.json") != input_checksum(folder)
+
+
+def test_a_full_disk_while_saving_a_checkpoint_names_the_path(tmp_path, monkeypatch):
+    """safetensors' ``SafetensorError: Error while serializing: IoError(... No space left on device ...)`` names no
+    file; the error a user sees names the checkpoint, says the disk is full, and nothing is left at the path."""
+    import transformers.modeling_utils
+    from safetensors import SafetensorError
+    from transformers import LlamaConfig
+
+    from dpace.io import WriteFailed
+    from dpace.training.drafter import build_drafter, drafter_config, save_drafter
+
+    def full_disk(*args, **kwargs):
+        raise SafetensorError('Error while serializing: IoError(Os { code: 28, kind: StorageFull, message: '
+                              '"No space left on device" })')
+
+    monkeypatch.setattr(transformers.modeling_utils, "safe_save_file", full_disk)
+    target = LlamaConfig(vocab_size=96, hidden_size=32, intermediate_size=64, num_hidden_layers=6,
+                         num_attention_heads=4, num_key_value_heads=2)
+    drafter = build_drafter(drafter_config(target, depth=1, block_size=4, target_layer_ids=[1], mask_token_id=95))
+    path = tmp_path / "drafters" / "epoch-1"
+    with pytest.raises(WriteFailed, match=f"could not write {path}: SafetensorError: .*No space left on device.*"
+                                          r"\(its file system is full: free space there and rerun\)") as failed:
+        save_drafter(drafter, path)
+    assert failed.value.errno == errno.ENOSPC and failed.value.filename == str(path)
+    assert list(path.parent.iterdir()) == []
+
+
+@pytest.mark.parametrize("error", [OSError(errno.ENOSPC, "No space left on device"),
+                                   RuntimeError("[enforce fail at inline_container.cc:664] . PytorchStreamWriter "
+                                                "failed writing file data/0: file write failed")])
+def test_a_failed_write_of_a_file_names_its_path(tmp_path, error):
+    """torch.save's and a plain write's errors on a full disk: the atomic writer names the file it was writing."""
+    from dpace.io import WriteFailed
+
+    path = tmp_path / "scratch" / "state.pt"
+    with pytest.raises(WriteFailed, match=f"could not write {path}: {type(error).__name__}: "):
+        with atomic_file(path):
+            raise error
+    assert list(path.parent.iterdir()) == []
+
+
+def test_an_error_reading_an_input_elsewhere_is_not_called_a_write_failure(tmp_path):
+    with pytest.raises(FileNotFoundError):
+        with atomic_file(tmp_path / "out" / "x.txt"):
+            (tmp_path / "in" / "missing.txt").read_text()

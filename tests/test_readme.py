@@ -85,16 +85,17 @@ def test_the_readmes_two_commands_are_what_ci_runs():
                         "bash .ci/install && python3 -m pytest -q"], commands
     ci = [line.strip() for line in (REPO / ".ci" / "run").read_text().splitlines()
           if line.strip().startswith(("bash ", "python3 -m pytest"))]
-    assert ci == ["bash .ci/install", "python3 -m pytest -q"], ci
+    # the cluster the tests submit to (tests/test_cluster.py; README, "On a cluster") is started before them
+    assert ci == ["bash .ci/install", "bash workflow/cluster/slurm.sh up", "python3 -m pytest -q"], ci
     install, tests = commands[1].split(" && ")
-    assert [install, tests] == ci
+    assert [install, tests] == [ci[0], ci[-1]]
     assert commands[0].split(" && ")[0] == ci[0]
 
 
 def test_the_readme_is_a_front_door():
-    """At most ~250 lines, and commit hashes only in its one results section."""
+    """At most ~280 lines, and commit hashes only in its one results section."""
     readme = (REPO / "README.md").read_text()
-    assert len(readme.splitlines()) <= 260
+    assert len(readme.splitlines()) <= 280
     outside = re.sub(r"\n## Results.*?(?=\n## )", "\n", readme, flags=re.S)
     hashes = [h for h in re.findall(r"\b[0-9a-f]{7}\b", outside) if re.search(r"\d", h) and re.search(r"[a-f]", h)]
     assert not hashes, hashes

@@ -77,9 +77,9 @@ def test_a_lock_held_elsewhere_times_out_naming_its_holder_then_is_freed(lock_en
 
 
 def test_a_longer_holder_record_is_overwritten_in_place_not_truncated(lock_env):
-    from dpace.locks import HOLDER_WIDTH, holder, lock_dir, machine_lock
+    from dpace.locks import HOLDER_WIDTH, holder, lock_path, machine_lock
 
-    path = lock_dir() / "timing.lock"
+    path = lock_path("timing")
     path.write_text("pid 1".ljust(HOLDER_WIDTH - 1) + "\n")
     with machine_lock("timing"):
         assert holder("timing").startswith(f"pid {os.getpid()} ")
@@ -124,8 +124,7 @@ def test_the_baseline_job_times_its_decoding_under_the_machine_timing_lock(lock_
             release(fd)
 
     monkeypatch.setattr(dpace.evaluation.evaluate, "measure_baseline", measure)
-    monkeypatch.setattr(sys, "stdout", sys.stdout)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr("dpace.jobs.begin_job", lambda snakemake: None)  # keeps pytest's fds 1 and 2 and no lock
     runpy.run_path(str(REPO / "workflow/scripts/autoregressive_baseline.py"),
                    init_globals={"snakemake": baseline_adapter_snakemake(tmp_path)})
     assert seen == {"timing lock free while measuring": False}
@@ -150,6 +149,26 @@ def test_a_target_named_like_a_path_is_refused_naming_the_key():
     config["main_target"] = "../../escape"
     with pytest.raises(ConfigError, match=r"targets: '\.\./\.\./escape' does not match"):
         validate_config(config)
+
+
+@pytest.mark.parametrize(("name", "message"), [
+    ("tiny\n", r"targets: 'tiny\\n' does not match \^\[A-Za-z0-9\]\[A-Za-z0-9\._-\]\*\$ as a whole"),
+    ("t" * 260, r"targets: 't{40}'\.\.\. \(260 characters\) is longer than 64 characters"),
+])
+def test_a_target_name_with_a_trailing_newline_or_too_long_is_refused_at_config_time(name, message):
+    """``$`` matches before a trailing newline, so the schema's pattern alone let ``tiny\\n`` through; a 260-character
+    name failed only at job time (``File name too long``)."""
+    from dpace.config import ConfigError, validate_config
+
+    config = smoke_config()
+    config["targets"] = {name: config["targets"]["tiny"]}
+    config["main_target"] = name
+    with pytest.raises(ConfigError, match=message):
+        validate_config(config)
+    config = smoke_config()
+    config["targets"] = {"t" * 64: config["targets"]["tiny"]}  # the longest name allowed
+    config["main_target"] = "t" * 64
+    validate_config(config)
 
 
 @pytest.mark.parametrize(("key", "value", "message"), [
@@ -276,8 +295,7 @@ def test_a_failed_metrics_job_leaves_no_table_drawn_from_the_old_numbers(tmp_pat
         output=NamedPaths(metrics=str(metrics / "main.csv"), blocks=str(metrics / "main_blocks.csv"),
                           comparisons=str(metrics / "main_comparisons.csv")),
     )
-    monkeypatch.setattr(sys, "stdout", sys.stdout)
-    monkeypatch.setattr(sys, "stderr", sys.stderr)
+    monkeypatch.setattr("dpace.jobs.begin_job", lambda snakemake: None)  # keeps pytest's fds 1 and 2 and no lock
     with pytest.raises(ValueError, match="summary.json:1: malformed JSON"):
         runpy.run_path(str(REPO / "workflow/scripts/experiment_metrics.py"), init_globals={"snakemake": job})
     assert sorted(p.name for p in results.iterdir() if p.is_file()) == ["table_ablation.tex"]  # not drawn from main

@@ -132,7 +132,7 @@ def test_table_main_shows_the_mean_over_training_seeds(metrics, tmp_path):
 def write_summaries(metrics: pd.DataFrame, folder) -> tuple[list[dict], list[str]]:
     """Table 1's fixture rows as the evaluation summaries they came from (one summary.json per drafter and
     epoch, as dpace.evaluation writes them): the variants' metadata and the summaries' paths."""
-    from dpace.io import atomic_write_text
+    from dpace.io import atomic_write_text, record_checksums
     from dpace.paths import EVAL_SUMMARY
 
     main = metrics[metrics["experiment"] == "main"]
@@ -147,6 +147,7 @@ def write_summaries(metrics: pd.DataFrame, folder) -> tuple[list[dict], list[str
         path.parent.mkdir(parents=True)
         entries = rows[["benchmark", "temperature", "tau", "speedup", "num_prompts", "num_output_tokens"]]
         atomic_write_text(path, json.dumps(entries.assign(skipped_too_long=0).to_dict("records")))
+        record_checksums(path)  # as the evaluation does
         paths.append(str(path))
     return variants, paths
 
@@ -155,6 +156,7 @@ def test_requests_skipped_past_the_context_reach_the_metrics_csv_and_the_table(m
     """An evaluation that skipped 2 requests too long for the target's context (its summary's
     skipped_too_long): the metrics CSV carries the count, and Table 1 drawn from it says in a LaTeX comment
     which cell's tau and SR come from fewer requests than planned; with no request skipped it says nothing."""
+    from dpace.io import record_checksums
     from dpace.report.collect import write_experiment_metrics
     from dpace.report.render import render_artifact
 
@@ -168,6 +170,7 @@ def test_requests_skipped_past_the_context_reach_the_metrics_csv_and_the_table(m
     entries = json.loads(Path(summary).read_text())
     entries[1]["skipped_too_long"] = 2
     Path(summary).write_text(json.dumps(entries))
+    record_checksums(summary)  # an evaluation that ran again
     write_experiment_metrics(variants, paths, metrics_csv=csv, blocks_csv=tmp_path / "blocks.csv")
     collected = pd.read_csv(csv)
     assert collected["skipped_too_long"].sum() == 2
@@ -401,3 +404,32 @@ def test_missing_experiment_raises(metrics, func, experiment, drop):
 def test_missing_column_raises(metrics):
     with pytest.raises(ValueError, match="speedup"):
         table_main(metrics.drop(columns="speedup"))
+
+
+# Every LaTeX special character, each next to letters, and the text LaTeX needs to print it as written.
+SPECIAL_LABEL = "a\\b{c}d$e&f#g^h_i%j~k"
+SPECIAL_ESCAPED = (r"a\textbackslash{}b\{c\}d\$e\&f\#g\textasciicircum{}h\_i\%j\textasciitilde{}k")
+
+
+def test_latex_escape_turns_every_special_character_into_text():
+    """``\\`` used to become ``\\textbackslash\\{\\}`` (its own braces escaped again: a backslash and "{}" printed),
+    and ``~`` (a non-breaking space) and ``^`` (an error outside math mode) went through."""
+    from dpace.report.latex import LATEX_SPECIALS, escape
+
+    assert escape(SPECIAL_LABEL) == SPECIAL_ESCAPED
+    assert set(LATEX_SPECIALS) == set("\\{}$&#^_%~")
+    for ch, text in LATEX_SPECIALS.items():
+        assert escape(ch) == text and escape(f"x{ch}y") == f"x{text}y"
+    assert escape("Qwen3-8B (plain) 1.5") == "Qwen3-8B (plain) 1.5"  # nothing else changes
+    # A second round escapes the first's output as text (one pass, character by character): what it prints is
+    # the once-escaped string, never a mix of escaped and raw specials.
+    twice = escape(SPECIAL_ESCAPED)
+    assert twice == "".join(LATEX_SPECIALS.get(ch, ch) for ch in SPECIAL_ESCAPED)
+    assert twice.startswith(r"a\textbackslash{}textbackslash\{\}b\textbackslash{}\{c")
+
+
+def test_a_target_label_with_every_special_character_reaches_the_table_escaped(metrics):
+    relabelled = metrics.assign(target_label=SPECIAL_LABEL)
+    latex = table_main(relabelled)
+    assert SPECIAL_ESCAPED in latex
+    assert r"\textbackslash\{\}" not in latex and "~k" not in latex and "^h" not in latex

@@ -98,3 +98,40 @@ def test_an_edited_steps_jsonl_remakes_the_training_tables_not_the_training(buil
     assert jobs["experiment_training"] == 1
     assert not {"train_drafter", "evaluate", "experiment_metrics"} & set(jobs)
 
+
+
+def test_an_edit_whose_modification_time_lies_still_reruns_what_reads_it(built):
+    """Issue 56, item 2: files are trusted by their content, not their modification time. A mirror row edited
+    and its time set back (as ``cp -p`` and ``rsync -t`` do), and a local target's file edited while the
+    prepared ``target.json`` has a time in the future, each rerun what reads them (their digest is a param)."""
+    import os
+    import time
+
+    root, workdir, config = built
+    # --touch records no params for the jobs whose outputs it found up to date (the readers of these files): force it.
+    forced = snakemake(workdir, config, "--touch", "--forcerun", "benchmark_prompts", "prepare_target", "--", "all")
+    assert forced.returncode == 0, forced.stderr[-3000:]
+    assert planned_jobs(snakemake(workdir, config, "-n", "all")) == {}
+    mirror = root / "mirror" / "benchmarks" / "mt_bench.jsonl"
+    target_file = root / "target" / "config.json"
+    target_json = workdir / "results" / "targets" / "tiny" / "target.json"
+    saved = {path: (path.read_bytes(), path.stat()) for path in (mirror, target_file, target_json)}
+    try:
+        mirror.write_bytes(saved[mirror][0] + b'{"edited": true}\n')
+        os.utime(mirror, ns=(saved[mirror][1].st_atime_ns, saved[mirror][1].st_mtime_ns))
+        jobs = planned_jobs(snakemake(workdir, config, "-n", "all"))
+        assert jobs.get("benchmark_prompts") == 1 and jobs.get("evaluate", 0) > 0, jobs
+        assert "prepare_target" not in jobs
+        mirror.write_bytes(saved[mirror][0])
+        os.utime(mirror, ns=(saved[mirror][1].st_atime_ns, saved[mirror][1].st_mtime_ns))
+
+        future = time.time() + 3600
+        os.utime(target_json, (future, future))
+        target_file.write_bytes(saved[target_file][0].replace(b"llama", b"qwen3"))
+        jobs = planned_jobs(snakemake(workdir, config, "-n", "all"))
+        assert jobs.get("prepare_target") == 1 and jobs.get("train_drafter", 0) > 0, jobs
+    finally:
+        for path, (data, stat) in saved.items():
+            path.write_bytes(data)
+            os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
+    assert planned_jobs(snakemake(workdir, config, "-n", "all")) == {}

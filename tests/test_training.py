@@ -139,7 +139,10 @@ def test_sigkilled_training_resumes_where_it_stopped_to_identical_weights(
 
 
 def copy_features(source: Path, destination: Path, change) -> Path:
-    """A copy of a features folder with ``change(tensors)`` applied to every shard."""
+    """A copy of a features folder with ``change(tensors)`` applied to every shard, as compute_features would
+    have written it (with the checksums load_features verifies)."""
+    from dpace.io import write_checksums
+
     destination.mkdir()
     for path in source.iterdir():
         if path.suffix == ".safetensors":
@@ -148,6 +151,7 @@ def copy_features(source: Path, destination: Path, change) -> Path:
             save_file(tensors, str(destination / path.name))
         else:
             (destination / path.name).write_bytes(path.read_bytes())
+    write_checksums(destination)
     return destination
 
 
@@ -377,3 +381,51 @@ def test_rms_feature_scaling_trains_on_scaled_features_and_saves_fc_folded(tmp_p
     with pytest.raises(ValueError, match=r"drafter_init target .*\(feature_scaling: none\)"):
         train_drafter(small_config(feature_scaling="rms", drafter_init="target"), target_json=tiny_target_json,
                       features_dir=features_dir, out_dir=tmp_path / "bad", scratch_dir=tmp_path / "s-bad")
+
+
+def _reference_step(run, accumulated: list[dict]) -> list[float]:
+    """The optimizer step as it was before the step shared one autocast region: an autocast region per
+    micro-batch around its forward pass, the features in float32, the backward pass outside."""
+    run.optimizer.zero_grad(set_to_none=True)
+    losses = []
+    for batch in accumulated:
+        with run.autocast():
+            loss, _, _ = run.model(input_ids=batch["input_ids"], hidden_states=batch["hidden"].float(),
+                                   loss_mask=batch["loss_mask"])
+        (loss / len(accumulated)).backward()
+        losses.append(loss.item())
+    gradients = [p.grad for p in run.drafter.parameters() if p.grad is not None]
+    torch.nn.utils.clip_grads_with_norm_(gradients, run.config.max_grad_norm, torch.nn.utils.get_total_norm(gradients))
+    run.optimizer.step()
+    run.scheduler.step()
+    return losses
+
+
+@pytest.mark.parametrize("precision", ["bf16", "fp32"])
+def test_the_steps_shared_autocast_and_bf16_features_change_no_value(tmp_path, tiny_target_json, features_dir,
+                                                                        restore_threads, precision):
+    """The step's speed-ups (one autocast region per step, so one cast of each weight; the cached bf16
+    features kept bf16 under bf16 autocast; the draft vocabulary's head cast once) give the very losses and
+    weights of the step they replaced, bit for bit, over several steps and with a draft vocabulary."""
+    from dpace.training import loop
+
+    config = small_config(precision=precision, draft_vocab_size=64, objective="dpace", epochs=1)
+    config, objective, hparams = loop._checked_settings(config)
+    runs, losses = {}, {}
+    for name in ("loop", "reference"):
+        run = loop._set_up(config, objective, hparams, target_json=tiny_target_json, features_dir=features_dir,
+                           out_dir=tmp_path / name, scratch_dir=tmp_path / f"scratch-{name}")
+        micro = list(loop.padded_micro_batches(run.features, list(range(len(run.features))), 2,
+                                               loop._feature_dtype(run)))
+        steps = [micro[i : i + 2] for i in range(0, len(micro) - 1, 2)]
+        assert {b["hidden"].dtype for b in micro} == {torch.bfloat16 if precision == "bf16" else torch.float32}
+        torch.manual_seed(11)
+        if name == "loop":
+            losses[name] = [loop._optimizer_step(run, step)[0] for step in steps]
+        else:
+            losses[name] = [sum(value / 2 for value in _reference_step(run, step)) for step in steps]
+        runs[name] = run
+    assert losses["loop"] == losses["reference"]
+    for (name, ours), (_, theirs) in zip(runs["loop"].drafter.state_dict().items(),
+                                         runs["reference"].drafter.state_dict().items(), strict=True):
+        assert torch.equal(ours, theirs), name

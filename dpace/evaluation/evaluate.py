@@ -111,6 +111,7 @@ from dpace.io import (
     atomic_write_jsonl,
     atomic_write_text,
     input_checksum,
+    record_checksums,
 )
 from dpace.targets import chat_prompt_ids, load_target, stop_token_ids, target_checksum
 from dpace.training.drafter import check_drafter_matches_target, load_drafter
@@ -565,6 +566,7 @@ def evaluate_drafter(
     _report(summary, config.greedy_tie_margin)
     atomic_write_json(summary_path, summary)
     atomic_write_text(blocks_path, blocks_csv(selected))
+    record_checksums(summary_path, blocks_path)  # the metrics job verifies both (dpace.report.collect)
     return summary
 
 

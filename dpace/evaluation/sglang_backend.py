@@ -60,7 +60,7 @@ from dpace.evaluation.eval_records import (
 )
 from dpace.evaluation.requests import Records, RequestHandler, RequestRecord, converse, run_requests
 from dpace.gpus import INSTALL_HINT
-from dpace.io import atomic_write_json, atomic_write_text, input_checksum
+from dpace.io import atomic_write_json, atomic_write_text, input_checksum, record_checksums
 
 
 def free_port() -> int:
@@ -430,6 +430,7 @@ def evaluate_sglang(
     summary = summarize_sglang(rows, greedy_tie_margin=config.greedy_tie_margin)
     atomic_write_json(summary_path, summary)
     atomic_write_text(blocks_path, ",".join(BLOCK_COLUMNS) + "\n")
+    record_checksums(summary_path, blocks_path)
     return summary
 
 

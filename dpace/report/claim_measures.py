@@ -10,6 +10,8 @@ how a gain moves with scale (``dpace.report.scale``).
 
 from __future__ import annotations
 
+import hashlib
+import json
 import math
 from collections.abc import Callable, Sequence
 from pathlib import Path
@@ -20,7 +22,7 @@ from scipy import stats
 
 from dpace.io import read_json
 from dpace.paths import EVAL_SUMMARY, STEP_TIMING, TIMING
-from dpace.report.intervals import _prompt_sums, paired_contrast
+from dpace.report.intervals import _prompt_sums, _seed_draws, paired_contrast
 from dpace.report.scale import gain_slope
 from dpace.report.timing import (
     AUTOREGRESSIVE,
@@ -132,26 +134,77 @@ def _pick(rows: pd.DataFrame, term: dict) -> pd.DataFrame:
     return rows
 
 
-def _main_variant(results: Path, objective: str) -> str:
-    """Table 1's shallowest ``objective`` drafter: the one Tables 7, 8 and Figure 3 show."""
+def _main_variants(results: Path, objective: str) -> list[str]:
+    """Table 1's shallowest ``objective`` drafter, one variant per training seed (seed order): the drafters
+    Tables 7, 8 and Figure 3 show."""
     main = read_csv(results, "main.csv")
     rows = main[main["objective"] == objective].sort_values(["depth", "block_size"])
     if rows.empty:
         raise NotRun(f"no {objective} drafter in metrics/main.csv")
-    return str(rows.iloc[0]["variant"])
+    first = rows.iloc[0]
+    same = rows[(rows["depth"] == first["depth"]) & (rows["block_size"] == first["block_size"])]
+    by_method = "method" in same and pd.notna(first["method"])
+    same = same[same["method"] == first["method"]] if by_method else same[same["variant"] == first["variant"]]
+    if "training_seed" in same:
+        same = same.assign(seed_key=same["training_seed"].fillna(0)).sort_values("seed_key", kind="stable")
+    return list(dict.fromkeys(same["variant"].astype(str)))
+
+
+def _main_variant(results: Path, objective: str) -> str:
+    """The first training seed of :func:`_main_variants` (Table 7's step times compare one run of each)."""
+    return _main_variants(results, objective)[0]
+
+
+def _over_seeds(points: Sequence[float], draws: Sequence[np.ndarray]) -> tuple[float, float, float]:
+    """One estimate per training seed (``points``) with each seed's own bootstrap draws (``draws``, [resamples]
+    each), as one estimate over the seeds: their mean, with an interval whose seed part (seeds drawn) is widened
+    by ``_seed_widening`` as the comparisons' is and whose prompt part is the drawn seeds' own resampling. One
+    seed: its percentile interval."""
+    points, draws = np.asarray(points, float), np.stack(draws)  # [seeds], [seeds, resamples]
+    tail = (1.0 - LEVEL) / 2.0
+    seeds = _seed_draws(len(points), len(points), True, SEED, draws.shape[1], tail)
+    value = float(points.mean())
+    seeds_drawn = points[seeds.ours].mean(axis=1)  # [resamples]
+    both = np.take_along_axis(draws.T, seeds.ours, axis=1).mean(axis=1)
+    resampled = value + seeds.ours_widen * (seeds_drawn - value) + (both - seeds_drawn)
+    if not np.isfinite(draws).any(axis=1).all():  # a seed without an interval of its own: none over the seeds
+        return value, math.nan, math.nan
+    low, high = np.nanquantile(resampled, [tail, 1.0 - tail])
+    return value, float(low), float(high)
+
+
+def _bootstrap_draws(samples: Sequence[np.ndarray], statistic: Callable[..., float]) -> tuple[float, np.ndarray]:
+    """``statistic`` of independent samples and its resampled values, each sample resampled separately (NaN
+    draws when a sample has fewer than 2 members)."""
+    generator = np.random.default_rng(SEED)
+    point = statistic(*samples)
+    if min(len(s) for s in samples) < 2:
+        return point, np.full(RESAMPLES, math.nan)
+    draws = [generator.integers(0, len(s), size=(RESAMPLES, len(s))) for s in samples]
+    return point, np.array([statistic(*(s[d[r]] for s, d in zip(samples, draws, strict=True))) for r in range(RESAMPLES)])
 
 
 def _bootstrap(samples: Sequence[np.ndarray], statistic: Callable[..., float]) -> tuple[float, float, float]:
     """``statistic`` of independent samples, with a percentile interval resampling each one separately."""
-    generator = np.random.default_rng(SEED)
-    point = statistic(*samples)
-    if min(len(s) for s in samples) < 2:
+    point, values = _bootstrap_draws(samples, statistic)
+    if not np.isfinite(values).any():
         return point, math.nan, math.nan
-    draws = [generator.integers(0, len(s), size=(RESAMPLES, len(s))) for s in samples]
-    values = np.array([statistic(*(s[d[r]] for s, d in zip(samples, draws, strict=True))) for r in range(RESAMPLES)])
     tail = (1.0 - LEVEL) / 2.0
-    low, high = np.quantile(values, [tail, 1.0 - tail])
+    low, high = np.nanquantile(values, [tail, 1.0 - tail])
     return point, float(low), float(high)
+
+
+def _selected(frame: pd.DataFrame, name: str, steps: Sequence[tuple]) -> pd.DataFrame:
+    """``frame`` through each (what, column, filter) of ``steps``; ``NotRun`` naming the first that keeps no row
+    and what the file holds in that column, so a claim is *not run* for a true reason (the run did not evaluate
+    it), never for a filter the run could not meet."""
+    for what, column, keep in steps:
+        kept = keep(frame)
+        if kept.empty:
+            held = f" (it holds {', '.join(map(str, sorted(frame[column].astype(str).unique())))})" if column else ""
+            raise NotRun(f"no {what} in {name}{held}")
+        frame = kept
+    return frame
 
 
 def _benchmark_rows(frame: pd.DataFrame, benchmark: str) -> pd.DataFrame:
@@ -171,10 +224,13 @@ def measure_comparison(claim: dict, results: Path) -> list[Finding]:
     where = dict(m.get("where", {}))
     frame = _with_variant_columns(frame, results, m["experiment"], where)
     benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
-    candidates = _filtered(_at_epoch(frame[frame["objective"] == m["objective"]], m.get("epoch")), where)
-    rows = _benchmark_rows(candidates[candidates["metric"] == metric], benchmark)
-    if rows.empty:
-        raise NotRun(f"no {m['objective']} rows in metrics/{m['experiment']}_comparisons.csv")
+    rows = _selected(frame, f"metrics/{m['experiment']}_comparisons.csv", [
+        (f"{m['objective']} drafter", "objective", lambda f: f[f["objective"] == m["objective"]]),
+        (f"epoch {m.get('epoch', 'final')} of {m['objective']}", "epoch", lambda f: _at_epoch(f, m.get("epoch"))),
+        (f"{m['objective']} drafter with {where}", None, lambda f: _filtered(f, where)),
+        (f"{metric} rows of {m['objective']}", "metric", lambda f: f[f["metric"] == metric]),
+        (f"benchmark {benchmark} of {m['objective']}", "benchmark", lambda f: _benchmark_rows(f, benchmark)),
+    ])
     # DFlash's tau in each cell (the tau rows' reference), whatever metric the claim reads.
     cell_of = ["reference_variant", "temperature", "epoch", "suite", "benchmark"]
     dflash_tau = {tuple(r[cell_of]): float(r["reference_value"]) for _, r in frame[frame["metric"] == "tau"].iterrows()}
@@ -211,13 +267,16 @@ def _unstable(flag) -> bool:
     return str(flag).strip().lower() in ("false", "0", "0.0")
 
 
-def _first_seed(frame: pd.DataFrame) -> tuple[pd.DataFrame, int]:
-    """The rows of the lowest training seed, and how many seeds the frame holds (``train.seeds`` > 1 gives
-    each method one variant per seed). The scale gradients read one drafter per method: the first seed's."""
-    if "training_seed" not in frame or frame["training_seed"].nunique() < 2:
-        return frame, 1
-    seeds = frame["training_seed"]
-    return frame[seeds == seeds.min()], int(seeds.nunique())
+def _seed_rows(rows: pd.DataFrame) -> dict | None:
+    """One method's rows by training seed ({seed: rows}, in seed order); None when the rows are empty or hold
+    two variants of one seed (not one method)."""
+    if rows.empty:
+        return None
+    seed_of = rows["training_seed"].fillna(0) if "training_seed" in rows else pd.Series(0, index=rows.index)
+    by_seed = {key: part for key, part in rows.groupby(seed_of, sort=True)}
+    if any(part["variant"].nunique() != 1 for part in by_seed.values()):
+        return None
+    return by_seed
 
 
 def _dflash_tau(cell: pd.DataFrame) -> float:
@@ -238,13 +297,28 @@ def _by_seed(rows: pd.DataFrame) -> pd.DataFrame | None:
     return rows.sort_values("seed_key")
 
 
+def records_digest(weights: Sequence[float], drafters: Sequence[Sequence[dict]], metric: str) -> str:
+    """A digest of what a contrast reads: its weights and each drafter's per-request records (prompt id and
+    tau, or its times for SR) by seed and benchmark. Two claims reading bit-identical drafters (Accept-rate and
+    D-PACE at alpha = 0 share their gradient) get the same digest whatever the drafters are called."""
+    fields = ("tau",) if metric == "tau" else ("ar_tpot_s", "spec_tpot_s")
+    content = [[float(w), [sorted([b, str(r["id"]), *(repr(r.get(f)) for f in fields)] for b in seed for r in seed[b])
+                           for seed in seeds]] for w, seeds in zip(weights, drafters, strict=True)]
+    return hashlib.sha256(json.dumps(content, sort_keys=True).encode()).hexdigest()[:16]
+
+
 def measure_contrast(claim: dict, results: Path) -> list[Finding]:
     m = claim["measure"]
     metrics = read_csv(results, f"{m['experiment']}.csv")
     benchmark, metric = m.get("benchmark", "avg"), m.get("metric", "tau")
-    rows = metrics if benchmark == "avg" else metrics[metrics["benchmark"] == benchmark]
-    rows = _filtered(_at_epoch(rows, m.get("epoch")), dict(m.get("where", {})))
-    terms = m["terms"]
+    where = dict(m.get("where", {}))
+    rows = _selected(metrics, f"metrics/{m['experiment']}.csv", [
+        (f"benchmark {benchmark}", "benchmark", lambda f: f if benchmark == "avg" else f[f["benchmark"] == benchmark]),
+        (f"epoch {m.get('epoch', 'final')}", "epoch", lambda f: _at_epoch(f, m.get("epoch"))),
+        (f"drafter with {where}", None, lambda f: _filtered(f, where)),
+    ])
+    ratio = m["kind"] == "ratio"
+    terms = [*m["numerator"], *m["denominator"]] if ratio else m["terms"]
     # Cells: every cell column that no term picks itself (Table 4's terms pick their block sizes).
     chosen = {key for term in terms for key in term if key != "weight"}
     cell_keys = [c for c in CELL_COLUMNS if c not in chosen]
@@ -260,21 +334,35 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
         drafters = [[_requests(results, row, benchmarks) for _, row in p.iterrows()] for p in picked]
         common = sorted(set.intersection(*(set(b) for d in drafters for b in d)))
         weights = [float(t.get("weight", 1.0)) for t in terms]
-        result = paired_contrast([[{b: by_benchmark[b] for b in common} for by_benchmark in d] for d in drafters],
-                                 weights, metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+        records = [[{b: by_benchmark[b] for b in common} for by_benchmark in d] for d in drafters]
+        if ratio:  # one contrast over the other, both on the same seed and prompt draws (the same drafters)
+            split = len(m["numerator"])
+            parts = [paired_contrast(records, [w if (i < split) == numerator else 0.0 for i, w in enumerate(weights)],
+                                     metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
+                     for numerator in (True, False)]
+            offset = float(m.get("denominator_offset", 0.0))
+            result = _ratio(parts[0], parts[1], offset)
+        else:
+            result = paired_contrast(records, weights, metric=metric, resamples=RESAMPLES, seed=SEED, level=LEVEL)
         seeds = result["num_seeds"]
         label = _cell_label(cell.iloc[0][cell_keys])
         if len(terms) > 1:  # which drafters, with the values that largest/smallest picked
-            label += "".join(f", {w:+g} x " + " ".join(
-                f"{k} {p.iloc[0][k]}" if v in ("largest", "smallest") else str(v)
-                for k, v in term.items() if k != "weight") for term, p, w in zip(terms, picked, weights, strict=True))
+            texts = [f"{w:+g} x " + " ".join(f"{k} {p.iloc[0][k]}" if v in ("largest", "smallest") else str(v)
+                                              for k, v in term.items() if k != "weight")
+                     for term, p, w in zip(terms, picked, weights, strict=True)]
+            if ratio:
+                label += f", ({' '.join(texts[:split])}) / ({' '.join(texts[split:])}" + (
+                    f" {offset:+g}" if offset else "") + ")"
+            else:
+                label += "".join(f", {t}" for t in texts)
         estimate = (result["value"], result["ci_low"], result["ci_high"])
-        key = ("contrast", tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
+        digest = "" if ratio else records_digest(weights, records, metric)
+        key = (m["kind"], tuple((p.iloc[0]["variant"], w) for p, w in zip(picked, weights, strict=True)), metric,
                benchmark, *(cell.iloc[0][k] for k in ("temperature", "epoch") if k in cell_keys))
         out.append(judged(claim, label, estimate, estimate, _row_attrs(cell.iloc[0], cell_keys), key=key,
                            reference_tau=_dflash_tau(cell), num_prompts=int(result["num_prompts"]), seeds=seeds,
                            note=f"n={result['num_prompts']} prompts" + (f", {seeds} training seeds" if seeds > 1 else ""),
-                           drafters=f"contrast ({metric})"))
+                           drafters=f"{'ratio' if ratio else 'contrast'} ({metric})", digest=digest))
     if not out:
         raise NotRun(f"no cell of metrics/{m['experiment']}.csv holds every drafter of the contrast")
     return out
@@ -309,9 +397,22 @@ def _timed_contrast(claim: dict, results: Path, cell: pd.DataFrame, cell_keys: l
         drafters="contrast (speedup)")
 
 
-def _dflash_blocks(results: Path) -> tuple[str, pd.DataFrame]:
-    """The per-block records (S~, sum q, tau_b) of Table 1's shallowest DFlash drafter on MATH-500 at T=0."""
-    variant = _main_variant(results, "dflash")
+def _ratio(numerator: dict, denominator: dict, offset: float = 0.0) -> dict:
+    """numerator / (denominator + offset) of two ``paired_contrast`` results on the same draws: the ratio of each
+    resample's pair, its percentile interval. A denominator whose 95% interval reaches 0 leaves the ratio
+    unbounded: no interval (NaN), nothing decided."""
+    tail = (1.0 - LEVEL) / 2.0
+    below = denominator["resampled"] + offset
+    value = numerator["value"] / (denominator["value"] + offset) if denominator["value"] + offset else math.nan
+    low = high = math.nan
+    ends = (denominator["ci_low"] + offset, denominator["ci_high"] + offset)
+    if np.isfinite(below).all() and (min(ends) > 0 or max(ends) < 0):
+        low, high = (float(x) for x in np.quantile(numerator["resampled"] / below, [tail, 1.0 - tail]))
+    return {**numerator, "value": value, "ci_low": low, "ci_high": high}
+
+
+def _blocks_of(results: Path, variant: str) -> pd.DataFrame:
+    """The per-block records (S~, sum q, tau_b) of ``variant`` on MATH-500 at T=0, its last epoch."""
     blocks = None
     for name in ("main_local_blocks.csv", "main_blocks.csv"):  # SGLang evaluation: the local blocks run
         try:
@@ -326,36 +427,79 @@ def _dflash_blocks(results: Path) -> tuple[str, pd.DataFrame]:
     rows = rows[rows["epoch"] == rows["epoch"].max()].dropna(subset=["tau_block", "sum_q", "surrogate"])
     if len(rows) < 3:
         raise NotRun(f"{len(rows)} MATH-500 block(s) of {variant} at T=0")
-    return variant, rows
+    return rows
 
 
-def _block_correlation(claim: dict, results: Path, statistic: Callable[[np.ndarray], float]) -> list[Finding]:
-    """``statistic`` of the 3 x 3 Spearman matrix (S~, sum q, tau_b) over the blocks; prompts resampled
-    (a prompt's blocks stay together)."""
-    variant, rows = _dflash_blocks(results)
-    prompts = rows["prompt_index"].to_numpy()
-    columns = rows[["surrogate", "sum_q", "tau_block"]].to_numpy(float)
-    by_prompt = [np.flatnonzero(prompts == p) for p in np.unique(prompts)]
+BLOCK_COLUMNS = ("surrogate", "sum_q", "tau_block")
 
-    def of(indices: np.ndarray) -> float:
-        picked = columns[np.concatenate([by_prompt[i] for i in indices])]
-        with np.errstate(invalid="ignore", divide="ignore"):  # a resample of constant blocks: NaN
-            return statistic(stats.spearmanr(picked).statistic)
 
-    estimate = _bootstrap([np.arange(len(by_prompt))], of)
-    return [judged(claim, f"{variant} MATH-500 T0", estimate, estimate, {"temperature": 0.0},
-                    key=("blocks", variant, claim["measure"]["kind"]),
-                    note=f"{len(rows)} blocks, {len(by_prompt)} prompts")]
+def _block_statistic(claim: dict, results: Path, statistic: Callable[[np.ndarray], float]) -> list[Finding]:
+    """``statistic`` of the blocks ([blocks, 3]: ``BLOCK_COLUMNS``) of Table 1's shallowest DFlash drafter (every
+    training seed's, averaged over the seeds by :func:`_over_seeds`); prompts resampled (a prompt's blocks stay
+    together)."""
+    variants = _main_variants(results, "dflash")
+    points, draws, counts = [], [], []
+    for variant in variants:
+        rows = _blocks_of(results, variant)
+        prompts = rows["prompt_index"].to_numpy()
+        columns = rows[list(BLOCK_COLUMNS)].to_numpy(float)
+        by_prompt = [np.flatnonzero(prompts == p) for p in np.unique(prompts)]
+
+        def of(indices: np.ndarray, columns=columns, by_prompt=by_prompt) -> float:
+            with np.errstate(invalid="ignore", divide="ignore"):  # a resample of constant blocks: NaN
+                return statistic(columns[np.concatenate([by_prompt[i] for i in indices])])
+
+        point, values = _bootstrap_draws([np.arange(len(by_prompt))], of)
+        points.append(point)
+        draws.append(values)
+        counts.append((len(rows), len(by_prompt)))
+    estimate = _over_seeds(points, draws)
+    seeds = len(variants)
+    note = f"{counts[0][0]} blocks, {counts[0][1]} prompts" + (f" (seed 1 of {seeds})" if seeds > 1 else "")
+    return [judged(claim, f"{variants[0]} MATH-500 T0", estimate, estimate, {"temperature": 0.0},
+                   key=("blocks", variants[0], *sorted((k, str(v)) for k, v in claim["measure"].items())),
+                   seeds=seeds, note=note + (f", {seeds} training seeds" if seeds > 1 else ""))]
+
+
+def _rho(blocks: np.ndarray) -> np.ndarray:
+    """The 3 x 3 Spearman matrix of ``BLOCK_COLUMNS``."""
+    return stats.spearmanr(blocks).statistic
+
+
+def _rho_gap(blocks: np.ndarray) -> float:
+    """rho(S~, tau_b) - rho(sum q, tau_b)."""
+    rho = _rho(blocks)
+    return float(rho[0, 2] - rho[1, 2])
 
 
 def measure_correlation(claim: dict, results: Path) -> list[Finding]:
-    """Spearman rho(S~, tau_b) over the blocks of Table 1's shallowest DFlash drafter (Table 8, Figure 1a)."""
-    return _block_correlation(claim, results, lambda rho: float(rho[0, 2]))
+    """Spearman rho(S~, tau_b) over the blocks of Table 1's shallowest DFlash drafter (Table 8, Figure 1a); ``of:
+    sum_q``: rho(sum q, tau_b) instead."""
+    column = BLOCK_COLUMNS.index(claim["measure"].get("of", "surrogate"))
+    return _block_statistic(claim, results, lambda blocks: float(_rho(blocks)[column, 2]))
+
+
+def smallest_bin_rise(blocks: np.ndarray, bins: int) -> float:
+    """The blocks cut into ``bins`` equal-count bins of S~ (the first column), the mean tau_b (the last) of each:
+    the smallest rise from one bin to the next. Above 0: binned tau rises with S~ at every bin (Figure 1a's line
+    of bin means)."""
+    if len(blocks) < 2 * bins:  # bins of fewer than two blocks: no mean to speak of
+        return math.nan
+    order = np.argsort(blocks[:, 0], kind="stable")
+    means = np.array([chunk.mean() for chunk in np.array_split(blocks[order, -1], bins)])
+    return float(np.diff(means).min())
+
+
+def measure_bin_rise(claim: dict, results: Path) -> list[Finding]:
+    """Figure 1a: tau_b's bin means against S~ over the blocks of Table 1's shallowest DFlash drafter, the smallest
+    rise between neighbouring bins (``bins``, default 5); prompts resampled."""
+    bins = int(claim["measure"].get("bins", 5))
+    return _block_statistic(claim, results, lambda blocks: smallest_bin_rise(blocks, bins))
 
 
 def measure_correlation_gap(claim: dict, results: Path) -> list[Finding]:
     """rho(S~, tau_b) - rho(sum q, tau_b) over the same blocks (Table 8)."""
-    return _block_correlation(claim, results, lambda rho: float(rho[0, 2] - rho[1, 2]))
+    return _block_statistic(claim, results, _rho_gap)
 
 
 def _train_steps(results: Path) -> pd.DataFrame:
@@ -386,35 +530,140 @@ def measure_step_time(claim: dict, results: Path) -> list[Finding]:
                          f"process; {result['note']}")]
 
 
-def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:
-    """The mean weighted block position sum_j j w_j / sum_j w_j of D-PACE's logged weights: its average over
-    the last ``window`` of training minus that over the first (in steps, fraction of all)."""
+def _logged_weights(results: Path, variant: str) -> np.ndarray:
+    """The per-step batch-mean position weights of ``variant`` ([steps, positions]) from its training log."""
     steps = _train_steps(results)
-    variant = _main_variant(results, "dpace")
     rows = steps[steps["variant"] == variant].sort_values("step")
     weights = rows.filter(regex=r"^w_\d+$")
     if rows.empty or weights.empty:
         raise NotRun(f"no logged weights of {variant} in metrics/main_train_steps.csv")
-    w = weights.to_numpy(float)
+    return weights.to_numpy(float)
+
+
+def _weighted_position(w: np.ndarray) -> np.ndarray:
+    """The mean weighted block position sum_j j w_j / sum_j w_j of each step's weights."""
     positions = np.arange(w.shape[1])
     with np.errstate(invalid="ignore", divide="ignore"):
-        centre = np.nansum(w * positions, axis=1) / np.nansum(w, axis=1)
-    count = max(1, math.ceil(float(claim["measure"].get("window", 0.1)) * len(centre)))
-    # Contiguous windows of each stretch are resampled, not steps: neighbouring steps' weights move together.
-    early, late = window_means(centre[:count], 10), window_means(centre[-count:], 10)
-    value, low, high = _bootstrap([late, early], lambda late, early: float(late.mean() - early.mean()))
-    return [judged(claim, variant, (value, low, high), (value, low, high), {}, key=("weights", variant),
-                    note=f"first and last {count} of {len(centre)} steps, {len(early)} windows each")]
+        return np.nansum(w * positions, axis=1) / np.nansum(w, axis=1)
 
+
+def measure_weight_shift(claim: dict, results: Path) -> list[Finding]:
+    """The mean weighted block position sum_j j w_j / sum_j w_j of D-PACE's logged weights: its average over
+    the last ``window`` of training minus that over the first (in steps, fraction of all); every training seed,
+    averaged over the seeds (:func:`_over_seeds`)."""
+    variants = _main_variants(results, "dpace")
+    points, draws = [], []
+    for variant in variants:
+        centre = _weighted_position(_logged_weights(results, variant))
+        count = max(1, math.ceil(float(claim["measure"].get("window", 0.1)) * len(centre)))
+        # Contiguous windows of each stretch are resampled, not steps: neighbouring steps' weights move together.
+        early, late = window_means(centre[:count], 10), window_means(centre[-count:], 10)
+        point, values = _bootstrap_draws([late, early], lambda late, early: float(late.mean() - early.mean()))
+        points.append(point)
+        draws.append(values)
+    estimate = _over_seeds(points, draws)
+    seeds = len(variants)
+    return [judged(claim, variants[0], estimate, estimate, {}, key=("weights", variants[0]), seeds=seeds,
+                   note=f"first and last {count} of {len(centre)} steps, {len(early)} windows each"
+                        + (f", {seeds} training seeds" if seeds > 1 else ""))]
+
+
+def _shares(w: np.ndarray) -> np.ndarray:
+    """Each step's weights as shares of the step's total weight ([steps, positions])."""
+    with np.errstate(invalid="ignore", divide="ignore"):
+        return w / np.nansum(w, axis=1, keepdims=True)
+
+
+def update_variation(w: np.ndarray, trend_steps: int) -> np.ndarray:
+    """Per step, the mean over positions of the squared deviation of the weight shares from their trend (a
+    centred moving average over ``trend_steps`` steps): how far one update's weights move off the course the
+    training takes (Figure 3b's variation across updates, not Figure 3a's drift)."""
+    shares = _shares(w)
+    kernel = np.ones(trend_steps) / trend_steps
+    trend = np.stack([np.convolve(column, kernel, mode="same") for column in shares.T], axis=1)
+    half = trend_steps // 2
+    inner = slice(half, len(shares) - half)  # the moving average is whole only away from the ends
+    return np.nanmean((shares[inner] - trend[inner]) ** 2, axis=1)
+
+
+def measure_weight_variation(claim: dict, results: Path) -> list[Finding]:
+    """Figure 3b: the root-mean-square deviation of D-PACE's logged per-position weight shares from their
+    moving-average trend across updates (``trend_steps``, default 10), in shares of a step's weight; contiguous
+    windows of steps resampled; every training seed (:func:`_over_seeds`). DFlash's fixed decay gives 0."""
+    trend_steps = int(claim["measure"].get("trend_steps", 10))
+    variants = _main_variants(results, "dpace")
+    points, draws = [], []
+    for variant in variants:
+        weights = _logged_weights(results, variant)
+        if len(weights) < trend_steps + 2:
+            raise NotRun(f"{variant} logged {len(weights)} steps: too few for a trend over {trend_steps}")
+        per_step = update_variation(weights, trend_steps)
+        windows = window_means(per_step, 10)
+        point, values = _bootstrap_draws([windows], lambda x: float(np.sqrt(x.mean())))
+        points.append(point)
+        draws.append(values)
+    estimate = _over_seeds(points, draws)
+    seeds = len(variants)
+    return [judged(claim, variants[0], estimate, estimate, {}, key=("weight_variation", variants[0]), seeds=seeds,
+                   note=f"{len(per_step)} steps, {len(windows)} windows" + (f", {seeds} training seeds" if seeds > 1 else ""))]
+
+
+def _smoothing_variants(results: Path, alpha: float, experiment: str = "smoothing") -> list[str]:
+    """The sweep's D-PACE drafter at ``alpha`` (the shallowest, smallest block size), one per seed."""
+    metrics = read_csv(results, f"{experiment}.csv")
+    rows = metrics[(metrics["objective"] == "dpace") & np.isclose(pd.to_numeric(metrics["alpha"]), alpha)]
+    if rows.empty:
+        raise NotRun(f"no D-PACE drafter at alpha {alpha:g} in metrics/{experiment}.csv")
+    rows = rows.sort_values(["depth", "block_size"])
+    first = rows.iloc[0]
+    rows = rows[(rows["depth"] == first["depth"]) & (rows["block_size"] == first["block_size"])]
+    if "training_seed" in rows:
+        rows = rows.assign(seed_key=rows["training_seed"].fillna(0)).sort_values("seed_key", kind="stable")
+    return list(dict.fromkeys(rows["variant"].astype(str)))
+
+
+def measure_late_weight(claim: dict, results: Path) -> list[Finding]:
+    """Smoothing keeps later positions' weights alive: the later half's share of D-PACE's weight at the end of
+    training (``window``) at ``alpha`` minus that at ``reference_alpha`` (0: no smoothing, the cumulative product
+    free to vanish), from the smoothing sweep's training logs; steps resampled in contiguous windows, seeds paired
+    by order."""
+    m = claim["measure"]
+    window = float(m.get("window", 0.1))
+    experiment = m.get("experiment", "smoothing")
+    steps = read_csv(results, f"{experiment}_train_steps.csv")
+    pairs = list(zip(_smoothing_variants(results, float(m["alpha"]), experiment),
+                     _smoothing_variants(results, float(m.get("reference_alpha", 0.0)), experiment), strict=False))
+    points, draws = [], []
+    for ours, theirs in pairs:
+        parts = []
+        for variant in (ours, theirs):
+            rows = steps[steps["variant"] == variant].sort_values("step")
+            w = rows.filter(regex=r"^w_\d+$").to_numpy(float)
+            if not len(w):
+                raise NotRun(f"no logged weights of {variant} in metrics/{experiment}_train_steps.csv")
+            count = max(1, math.ceil(window * len(w)))
+            tail = _shares(w[-count:])
+            parts.append(window_means(tail[:, tail.shape[1] // 2:].sum(axis=1), 10))
+        point, values = _bootstrap_draws(parts, lambda a, b: float(np.nanmean(a) - np.nanmean(b)))
+        points.append(point)
+        draws.append(values)
+    estimate = _over_seeds(points, draws)
+    return [judged(claim, f"{pairs[0][0]} - {pairs[0][1]}", estimate, estimate, {}, key=("late_weight", *pairs[0]),
+                   seeds=len(pairs), note=f"later half's share of the weight, last {window:.0%} of the steps"
+                   + (f", {len(pairs)} training seeds" if len(pairs) > 1 else ""))]
 
 
 MEASURES: dict[str, Callable[[dict, Path], list[Finding]]] = {
     "comparison": measure_comparison,
     "contrast": measure_contrast,
+    "ratio": measure_contrast,
     "correlation": measure_correlation,
     "correlation_gap": measure_correlation_gap,
     "step_time": measure_step_time,
     "weight_shift": measure_weight_shift,
+    "weight_variation": measure_weight_variation,
+    "late_weight": measure_late_weight,
+    "bin_rise": measure_bin_rise,
 }
 
 # --- scale: gradients of a gain ------------------------------------------------------------------------------
@@ -430,24 +679,27 @@ def measure_gradient(claim: dict, results: str | Path) -> list[dict]:
     except NotRun:
         return []
     rows = metrics[metrics["benchmark"] == g["benchmark"]] if over == "epoch" else _at_epoch(metrics, "final")
-    rows, _ = _first_seed(_filtered(rows, dict(g.get("where", {}))))
+    rows = _filtered(rows, dict(g.get("where", {})))
     roles = {"ours": g.get("objective", "dpace"), "reference": "dflash", "stratifier": g["stratifier"]}
     out = []
     for _, cell in rows.groupby([c for c in CELL_COLUMNS if c != over], sort=True):
-        drafters = {role: cell[cell["objective"] == objective] for role, objective in roles.items()}
-        if any(d["variant"].nunique() != 1 for d in drafters.values()):
+        # Each role: one method, its training seeds (every seed read; seed i of each role paired).
+        drafters = {role: _seed_rows(cell[cell["objective"] == objective]) for role, objective in roles.items()}
+        if any(d is None for d in drafters.values()) or len({tuple(d) for d in drafters.values()}) != 1:
             continue
-        strata = sorted(set.intersection(*(set(d[over]) for d in drafters.values())))
+        strata = sorted(set.intersection(*(set(rows[over]) for d in drafters.values() for rows in d.values())))
         if len(strata) < 3:
             continue
         sums = {role: [] for role in roles}
         try:
             for stratum in strata:
-                requests = {role: next(iter(_requests(results, d[d[over] == stratum].iloc[0], [
-                    d[d[over] == stratum].iloc[0]["benchmark"]]).values())) for role, d in drafters.items()}
-                prompt_ids = sorted({str(r["id"]) for r in requests["ours"]})
+                requests = {role: [next(iter(_requests(results, r[r[over] == stratum].iloc[0], [
+                    r[r[over] == stratum].iloc[0]["benchmark"]]).values())) for r in d.values()]
+                    for role, d in drafters.items()}
+                prompt_ids = sorted({str(r["id"]) for r in requests["ours"][0]})
                 for role in roles:
-                    sums[role].append(_prompt_sums(requests[role], prompt_ids))
+                    sums[role].append(np.stack([_prompt_sums(seed_requests, prompt_ids)
+                                                for seed_requests in requests[role]]))
         except (NotRun, StopIteration):
             continue
         result = gain_slope(sums["ours"], sums["reference"], sums["stratifier"], resamples=RESAMPLES, seed=SEED,

@@ -11,11 +11,11 @@ import numpy as np
 import pandas as pd
 
 from dpace.experiments import ARTIFACTS
-from dpace.io import atomic_write_text, read_json
+from dpace.io import atomic_write_text, read_json, verify_recorded
 from dpace.paths import eval_location
 from dpace.report.intervals import COMPARISON_COLUMNS, experiment_comparisons
 from dpace.report.timing import AUTOREGRESSIVE, interleaved_comparisons, interleaved_speedups
-from dpace.training.training_records import read_steps, read_summary
+from dpace.training.training_records import STEPS_FILE, SUMMARY_FILE, read_steps, read_summary
 
 METRIC_COLUMNS = [
     "target", "target_label", "variant", "experiment", "objective", "depth", "block_size", "alpha", "k", "gamma",
@@ -67,7 +67,10 @@ def experiment_metrics(
             "epoch": epoch,
             "suite": suite,
         }
-        for result in read_json(path):
+        fix = f"delete {Path(path).parent} and rerun (its evaluation runs again)"
+        results = read_json(path)
+        verify_recorded(path, what="the evaluation", fix=fix)  # a file edited or cut short after the job
+        for result in results:
             row = dict(base)
             for key in METRIC_COLUMNS:
                 if key in result:
@@ -77,6 +80,8 @@ def experiment_metrics(
             rows.append(row)
             requests.append(result.get("requests"))
         block_file = Path(path).with_name("blocks.csv")
+        if block_file.exists():
+            verify_recorded(block_file, what="the evaluation", fix=fix)
         if block_file.exists() and block_file.stat().st_size > 0:
             frame = pd.read_csv(block_file)
             frame.insert(0, "variant", variant_id)
@@ -181,6 +186,8 @@ def training_frames(variants: list[dict], drafter_dirs: list[str]) -> tuple[pd.D
     steps, runs = [], []
     for folder in map(Path, drafter_dirs):
         info = meta[folder.name]
+        for name in (STEPS_FILE, SUMMARY_FILE):  # edited or cut short after the training
+            verify_recorded(folder / name, what="the training", fix=f"delete {folder} and rerun its training")
         rows = read_steps(folder)
         for row in rows:
             flat = {k: v for k, v in row.items() if k != "weight_per_position"}

@@ -25,8 +25,8 @@ from collections.abc import Sequence
 from pathlib import Path
 
 import pandas as pd
-import yaml
 
+from dpace.claims import NOT_MEASURABLE, ClaimsError, validate_claims
 from dpace.io import atomic_write_text
 from dpace.report.claim_measures import MEASURES, measure_gradient, read_csv
 from dpace.report.metrics_frame import skipped_requests_text
@@ -37,7 +37,6 @@ from dpace.report.verdicts import (
     INCONCLUSIVE,
     NOT_RUN,
     REPRODUCED,
-    SCALES,
     VERDICTS,
     Finding,
     NotRun,
@@ -49,44 +48,18 @@ from dpace.report.verdicts import (
 __all__ = ["BEYOND", "CONTRADICTED", "INCONCLUSIVE", "NOT_RUN", "REPRODUCED", "VERDICTS", "Finding", "NotRun",
            "Region", "checkout_commit", "claim_verdict", "findings", "gradients", "headline", "not_measurable",
            "read_claims", "real_claims", "scorecard", "write_findings"]
-CLAIM_KEYS = ("id", "claim", "paper", "source", "paper_value", "measure", "verdict")
-NOT_MEASURABLE = "not_measurable"
 
 
 def read_claims(path: str | Path) -> list[dict]:
-    """The claims file, each entry checked for the keys the scorecard needs and a unit that its measure has."""
-    claims = yaml.safe_load(Path(path).read_text())
-    if not isinstance(claims, list):
-        raise ValueError(f"{path}: expected a list of claims")
-    seen = set()
-    for claim in claims:
-        kind = claim.get("measure", {}).get("kind")
-        required = ("id", "claim", "paper", "source", "measure", "reason") if kind == NOT_MEASURABLE else CLAIM_KEYS
-        missing = [k for k in required if k not in claim]
-        if missing:
-            raise ValueError(f"{path}: claim {claim.get('id', '?')!r} lacks {missing}")
-        if claim["id"] in seen:
-            raise ValueError(f"{path}: claim id {claim['id']!r} appears twice")
-        seen.add(claim["id"])
-        if kind == NOT_MEASURABLE:
-            continue
-        if kind not in MEASURES:
-            raise ValueError(f"{path}: claim {claim['id']!r}: unknown measure kind {kind!r}")
-        _check_scale(claim, path)
-        if "paper_factor" in claim["verdict"] and not claim.get("paper_cells"):
-            raise ValueError(f"{path}: claim {claim['id']!r}: paper_factor needs paper_cells")
-        Region.of(claim["verdict"], 1.0)
+    """The claims file, checked before anything is measured (``dpace.claims.validate_claims``: the schema
+    ``workflow/schemas/claims.schema.yaml``, which refuses unknown keys, the registries' names, unique ids, a
+    unit that the claim's measure has); a ``ClaimsError`` (a ``ValueError``) names the claim and the key."""
+    claims = validate_claims(path)
+    for claim in real_claims(claims):
+        if claim["measure"]["kind"] not in MEASURES:  # in the schema's enum, but no code measures it
+            raise ClaimsError(f"{path}: claim {claim['id']!r}: measure.kind {claim['measure']['kind']!r} has no "
+                              f"measure in dpace.report.claim_measures.MEASURES")
     return claims
-
-
-def _check_scale(claim: dict, path) -> None:
-    """Only comparisons have a reference to divide by; a step time is a ratio already. Anything else would be
-    judged in a unit it is not in (a relative band against an absolute difference)."""
-    scale, kind = claim["verdict"].get("scale"), claim["measure"]["kind"]
-    allowed = {"comparison": SCALES, "step_time": ("relative",)}.get(kind, ("absolute",))
-    if (scale or ("absolute" if kind != "step_time" else None)) not in allowed:
-        raise ValueError(f"{path}: claim {claim['id']!r}: scale {scale!r} does not apply to a {kind} measure "
-                         f"(allowed: {', '.join(allowed)})")
 
 
 def real_claims(claims: Sequence[dict]) -> list[dict]:
@@ -97,11 +70,25 @@ def not_measurable(claims: Sequence[dict]) -> list[dict]:
     return [c for c in claims if c["measure"]["kind"] == NOT_MEASURABLE]
 
 
-def findings(claims: Sequence[dict], results: str | Path) -> list[Finding]:
+# The experiment whose artifacts a measure reads when the claim names none: Table 1's drafters.
+MAIN_EXPERIMENT = "main"
+
+
+def claim_experiment(claim: dict) -> str:
+    """The experiment a claim's measure reads (``measure.experiment``, else Table 1's)."""
+    return claim["measure"].get("experiment", MAIN_EXPERIMENT)
+
+
+def findings(claims: Sequence[dict], results: str | Path, experiments: Sequence[str] | None = None) -> list[Finding]:
     """Every measurable claim measured: one finding per cell it covers, or one *not run* finding naming what
-    is missing."""
+    is missing. ``experiments``: the run's configured experiments (None: any); a claim of another experiment is
+    *not run* for that reason, and never read from files an earlier run with another config left in ``results``."""
     out = []
     for claim in real_claims(claims):
+        if experiments is not None and claim_experiment(claim) not in experiments:
+            out.append(Finding(claim, NOT_RUN, note=f"experiment {claim_experiment(claim)!r} is not in this run's "
+                                                    f"config (experiments: {', '.join(experiments)})"))
+            continue
         try:
             out += MEASURES[claim["measure"]["kind"]](claim, Path(results))
         except NotRun as missing:
@@ -109,18 +96,22 @@ def findings(claims: Sequence[dict], results: str | Path) -> list[Finding]:
     return out
 
 
-def gradients(claims: Sequence[dict], results: str | Path) -> dict[str, list[dict]]:
-    return {c["id"]: measure_gradient(c, results) for c in real_claims(claims) if "gradient" in c}
+def gradients(claims: Sequence[dict], results: str | Path,
+              experiments: Sequence[str] | None = None) -> dict[str, list[dict]]:
+    return {c["id"]: measure_gradient(c, results) for c in real_claims(claims) if "gradient" in c
+            and (experiments is None or c["gradient"]["experiment"] in experiments)}
 
 
-def skipped_requests(claims: Sequence[dict], results: str | Path) -> str:
+def skipped_requests(claims: Sequence[dict], results: str | Path, experiments: Sequence[str] | None = None) -> str:
     """The evaluations the claims read that skipped requests past the target's context, as one line
     (``skipped_requests_text``); empty when none did."""
     measured = real_claims(claims)
-    experiments = {"main"} | {c["measure"]["experiment"] for c in measured if "experiment" in c["measure"]} | {
+    read = {MAIN_EXPERIMENT} | {claim_experiment(c) for c in measured} | {
         c["gradient"]["experiment"] for c in measured if "gradient" in c}
     frames = []
-    for experiment in sorted(experiments):
+    for experiment in sorted(read):
+        if experiments is not None and experiment not in experiments:
+            continue
         try:
             frames.append(read_csv(Path(results), f"{experiment}.csv"))
         except NotRun:  # the claims reading it are "not run"
@@ -141,10 +132,12 @@ def checkout_commit(folder: str | Path) -> str:
     return (commit + ("-dirty" if dirty else "")) if commit else "unknown"
 
 
-def write_findings(claims_path, results, out, *, config_name: str, commit: str) -> list[Finding]:
+def write_findings(claims_path, results, out, *, config_name: str, commit: str,
+                   experiments: Sequence[str] | None = None) -> list[Finding]:
+    """The scorecard page of ``results``; ``experiments``: the run's configured experiments (see :func:`findings`)."""
     claims = read_claims(claims_path)
-    found = findings(claims, results)
-    page = scorecard(found, config_name=config_name, commit=commit, grads=gradients(claims, results),
-                     unmeasurable=not_measurable(claims), skipped=skipped_requests(claims, results))
+    found = findings(claims, results, experiments)
+    page = scorecard(found, config_name=config_name, commit=commit, grads=gradients(claims, results, experiments),
+                     unmeasurable=not_measurable(claims), skipped=skipped_requests(claims, results, experiments))
     atomic_write_text(out, page)
     return found

@@ -348,7 +348,7 @@ def paired_contrast(
     contrasts = np.mean(resampled, axis=0)
     low, high = np.quantile(contrasts, [tail, 1.0 - tail]) if np.isfinite(contrasts).all() else (math.nan, math.nan)
     return {"value": value, "ci_low": float(low), "ci_high": float(high), "num_prompts": prompts,
-            "resamples": resamples, "num_seeds": count}
+            "resamples": resamples, "num_seeds": count, "resampled": contrasts}
 
 
 def _row(benchmark, metric, value, reference, differences, tail, prompts, resamples, split, seed_counts) -> dict:

@@ -76,13 +76,18 @@ def best_flags(values: Sequence[object], digits: int = 2, *, higher: bool = True
     return [v is not None and v == target for v in rounded]
 
 
+# Each of LaTeX's ten special characters as text: one pass over the characters, so that the braces of
+# \textbackslash{} are never escaped again (\textbackslash\{\} printed a backslash and "{}"), and ~ (a
+# non-breaking space) and ^ (an error outside math) print as themselves.
+LATEX_SPECIALS = {
+    "\\": r"\textbackslash{}", "{": r"\{", "}": r"\}", "$": r"\$", "&": r"\&", "#": r"\#",
+    "^": r"\textasciicircum{}", "_": r"\_", "%": r"\%", "~": r"\textasciitilde{}",
+}
+
+
 def escape(text: object) -> str:
-    """Escape LaTeX specials in free text such as target labels."""
-    out = str(text)
-    for ch, rep in (("\\", r"\textbackslash{}"), ("&", r"\&"), ("%", r"\%"), ("$", r"\$"),
-                    ("#", r"\#"), ("_", r"\_"), ("{", r"\{"), ("}", r"\}")):
-        out = out.replace(ch, rep)
-    return out
+    """Free text (a target label, a benchmark or variant name) as LaTeX that prints it as written."""
+    return "".join(LATEX_SPECIALS.get(ch, ch) for ch in str(text))
 
 
 def num_text(x: float) -> str:

@@ -10,6 +10,7 @@ import numpy as np
 from dpace.report.verdicts import (
     BEYOND,
     CONTRADICTED,
+    INCONCLUSIVE,
     NOT_RUN,
     REPRODUCED,
     VERDICTS,
@@ -42,6 +43,49 @@ def scale_mark(claim: dict, measured: Sequence[dict]) -> str:
             f"{g['cell']}: {g['slope']:+.2f} [{g['ci_low']:+.2f}, {g['ci_high']:+.2f}] per unit of "
             f"{g['stratifier']}'s tau across {g['over']}s" for g in backed) + "." + conjecture
     return "no gradient detected across " + ", ".join(f"{g['over']}s ({g['cell']})" for g in measured) + "." + conjecture
+
+
+# --- independent findings ---------------------------------------------------------------------------------
+
+def finding_groups(by_claim: dict[str, list[Finding]]) -> dict[str, list[str]]:
+    """The claims grouped into independent findings: claims naming one ``finding`` in the claims file (one
+    implied by another, or two readings of one measurement), and claims that read identical records (a cell
+    ``digest`` in common: bit-identical drafters, whatever they are called), joined transitively. Each group is
+    keyed by its first claim's id; a claim alone is its own group."""
+    parent = {claim_id: claim_id for claim_id in by_claim}
+
+    def root(x: str) -> str:
+        while parent[x] != x:
+            x = parent[x]
+        return x
+
+    def join(a: str, b: str) -> None:
+        ra, rb = root(a), root(b)
+        if ra != rb:
+            first, second = sorted((ra, rb), key=list(by_claim).index)
+            parent[second] = first
+
+    first_of: dict[tuple, str] = {}
+    for claim_id, cells in by_claim.items():
+        named = cells[0].claim.get("finding")
+        marks = ([("finding", named)] if named else []) + [("digest", f.digest) for f in cells if f.digest]
+        for mark in marks:
+            join(first_of.setdefault(mark, claim_id), claim_id)
+    groups: dict[str, list[str]] = {}
+    for claim_id in by_claim:
+        groups.setdefault(root(claim_id), []).append(claim_id)
+    return groups
+
+
+def group_verdict(words: Sequence[str]) -> str:
+    """One independent finding's verdict from its claims': as a claim's from its cells (reproduced only if
+    every measured claim is, contradicted if any is; not run if none was measured)."""
+    measured = [w for w in words if w not in (NOT_RUN, BEYOND)]
+    if not measured:
+        return NOT_RUN if NOT_RUN in words else BEYOND
+    if CONTRADICTED in measured:
+        return CONTRADICTED
+    return REPRODUCED if all(w == REPRODUCED for w in measured) else INCONCLUSIVE
 
 
 # --- the page -----------------------------------------------------------------------------------------------
@@ -96,23 +140,44 @@ def _row(cells: Sequence) -> str:
 
 
 def claims_table(by_claim: dict[str, list[Finding]], verdicts: dict[str, str], grads: dict[str, list[dict]]) -> list[str]:
-    lines = ["| claim | paper, source | unit | paper's cell: number (in the unit) | run cells (beyond the paper) "
+    lines = ["| claim | paper, source | unit | paper's cell: number (in the unit) | run cells (beyond the paper; scaled) "
              "| seeds | scale | verdict |", "|---|---|---|---|---|---|---|---|"]
     for cells in by_claim.values():
         c = cells[0].claim
         measured = [f for f in cells if f.verdict != NOT_RUN]
         beyond = sum(f.paper_cell is None for f in measured)
+        scaled = sum(bool(f.paper_cell and "scaled" in f.paper_cell) for f in measured)
         seeds = _seeds_text(cells)
         word = verdicts[c["id"]]
         shown = f"**{word}**" + (" (these drafters, one seed)" if seeds.startswith("these") and word in (
             REPRODUCED, CONTRADICTED) else "")
         if word == NOT_RUN:
             shown += f": {cells[0].note}"
+        if c.get("by_construction"):
+            shown += f" (by construction, not counted: {c['by_construction']})"
         lines.append(_row([
             f"`{c['id']}`: {c['claim']}", f"{c['paper']}, `{c['source']}`", unit_text(c),
-            _paper_cells_text(c, cells), f"{len(measured) - beyond} ({beyond})", seeds,
+            _paper_cells_text(c, cells), f"{len(measured) - beyond} ({beyond}" + (f"; {scaled} scaled" if scaled else "") + ")", seeds,
             scale_mark(c, grads.get(c["id"], [])), shown]))
     return lines
+
+
+def findings_list(groups: dict[str, list[str]], by_claim: dict[str, list[Finding]]) -> list[str]:
+    """The independent findings of several claims each, and why they are one."""
+    shared = {g: members for g, members in groups.items() if len(members) > 1}
+    if not shared:
+        return []
+    lines = ["Independent findings of several claims (counted once in the headline):", ""]
+    for members in shared.values():
+        named = sorted({by_claim[c][0].claim["finding"] for c in members if by_claim[c][0].claim.get("finding")})
+        digests = [c for c in members if any(f.digest for f in by_claim[c])]
+        same = {f.digest for f in by_claim[members[0]] if f.digest}
+        identical = [c for c in digests if same & {f.digest for f in by_claim[c] if f.digest}]
+        why = ([f"`finding: {n}` in the claims file" for n in named]
+               + (["identical per-request records (bit-identical drafters): " + ", ".join(f"`{c}`" for c in identical)]
+                  if len(identical) > 1 else []))
+        lines.append(f"- {', '.join(f'`{c}`' for c in members)}: {'; '.join(why)}")
+    return [*lines, ""]
 
 
 def cells_table(found: Sequence[Finding]) -> list[str]:
@@ -130,7 +195,7 @@ def cells_table(found: Sequence[Finding]) -> list[str]:
         run_tau = f"{first.reference_tau:.3f}" if np.isfinite(first.reference_tau) else "--"
         readers = "; ".join(
             f"`{f.claim['id']}` {measured_text(f)}, {region_of(f).text(is_fraction(f.claim)) if f.paper_cell is not None else '--'}, "
-            f"**{f.verdict}**" for f in cells)
+            f"**{f.verdict}**" + (f" ({f.scope})" if f.scope else "") for f in cells)
         lines.append(_row([(f"{first.drafters}: " if first.drafters else "") + first.cell, _raw_text(first) + (f" ({first.note})" if first.note else ""),
                            f"{run_tau} / {paper_tau}", readers]))
     return lines
@@ -144,7 +209,8 @@ def gradients_table(grads: dict[str, list[dict]]) -> list[str]:
              "[95% CI] | naive slope on DFlash's own tau [95% CI] |", "|---|---|---|---|---|---|---|"]
     for claim_id, g in rows:
         lines.append(_row([
-            f"`{claim_id}`", g["cell"], f"{g['over']}: {', '.join(g['strata_names'])}",
+            f"`{claim_id}`", g["cell"] + (f" ({g['num_seeds']} training seeds)" if g.get("num_seeds", 1) > 1 else " (one seed)"),
+            f"{g['over']}: {', '.join(g['strata_names'])}",
             ", ".join(f"{x:.2f}" for x in g["reference_tau"]), ", ".join(f"{x:+.3f}" for x in g["gain"]),
             f"{g['slope']:+.3f} [{g['ci_low']:+.3f}, {g['ci_high']:+.3f}] ({g['stratifier']})",
             f"{g['naive_slope']:+.3f} [{g['naive_low']:+.3f}, {g['naive_high']:+.3f}]"]))
@@ -160,10 +226,18 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
     for f in found:
         by_claim.setdefault(f.claim["id"], []).append(f)
     verdicts = {claim_id: claim_verdict(cells) for claim_id, cells in by_claim.items()}
-    counts = {v: sum(x == v for x in verdicts.values()) for v in VERDICTS}
-    beyond_claims = sum(x == BEYOND for x in verdicts.values())
+    # A claim that holds by construction is measured and shown, never counted (nor its finding).
+    constructed = [c for c, cells in by_claim.items() if cells[0].claim.get("by_construction")]
+    counted = {c: cells for c, cells in by_claim.items() if c not in constructed}
+    counts = {v: sum(verdicts[c] == v for c in counted) for v in VERDICTS}
+    groups = finding_groups(counted)
+    group_verdicts = {g: group_verdict([verdicts[c] for c in members]) for g, members in groups.items()}
+    group_counts = {v: sum(x == v for x in group_verdicts.values()) for v in VERDICTS}
+    counted_groups = sum(group_counts.values())
+    beyond_claims = sum(verdicts[c] == BEYOND for c in counted)
     measured = [f for f in found if f.verdict != NOT_RUN]
     beyond_cells = sum(f.paper_cell is None for f in measured)
+    scaled_cells = sum(bool(f.paper_cell and "scaled" in f.paper_cell) for f in measured)
     lines = [
         "# Findings: the paper's claims against this run",
         "",
@@ -171,10 +245,15 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         "",
         f"**{sum(counts.values())} claims:** " + " | ".join(f"**{counts[v]}** {v}" for v in VERDICTS)
         + (f" ({beyond_claims} more measured only beyond the paper, not counted)" if beyond_claims else "")
+        + (f" ({len(constructed)} more hold by construction: shown, not counted)" if constructed else "")
+        + f". **{counted_groups} independent findings:** " + " | ".join(f"**{group_counts[v]}** {v}" for v in VERDICTS)
+        + " (claims implied by another or reading the same measurement counted once)"
         + f". {len(unmeasurable)} more claims are not measurable here.",
         "",
         f"Cells: {len(measured) - beyond_cells} measured in settings the paper reported, {beyond_cells} beyond the "
-        "paper (shown, not counted).",
+        "paper (shown, not counted)" + (f"; {scaled_cells} judged against a paper number of another block size, "
+                                        "scaled by the paper's own ratio between the two (Table 4)" if scaled_cells else "")
+        + ".",
         "",
         *([f"**Warning:** {skipped}", ""] if skipped else []),
         "A claim is *reproduced* only if every cell the paper reported is (its 95% interval inside the claimed "
@@ -188,6 +267,7 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         "",
         *claims_table(by_claim, verdicts, grads),
         "",
+        *findings_list(groups, by_claim),
         "## Cells",
         "",
         "Each measured drafter pair once, with every claim that reads it. DFlash's tau in the run's cell against "

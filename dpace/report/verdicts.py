@@ -52,6 +52,8 @@ class Region:
         if "between" in rule:
             low, high = (float(x) for x in rule["between"])
             return cls(low, high)
+        if "above" not in rule and "below" not in rule:  # never "< +inf": a misspelt rule would hold for anything
+            raise ValueError(f"verdict {rule}: no region (above, below, between or paper_factor)")
         return cls(float(rule.get("above", -math.inf)), float(rule.get("below", math.inf)))
 
     def text(self, relative: bool) -> str:
@@ -101,6 +103,10 @@ KIND_UNITS = {
     "correlation_gap": "difference of two Spearman rho (per block)",
     "weight_shift": "block positions (mean weighted position, late minus early)",
     "contrast": "{metric} (absolute; a weighted sum of drafters)",
+    "ratio": "ratio of two weighted sums of drafters' {metric}",
+    "bin_rise": "tau_b (smallest rise between neighbouring bins of S~)",
+    "weight_variation": "share of a step's weight (rms deviation from the trend across updates)",
+    "late_weight": "share of the weight on the later half of the block (difference of two alphas)",
 }
 
 
@@ -133,6 +139,8 @@ class Finding:
     seeds: int = 1
     paper_cell: dict | None = None  # the matched paper cell; None: beyond the paper
     drafters: str = ""  # which drafters the measurement reads, for the cells table
+    digest: str = ""  # the per-request records it reads (contrasts): equal for bit-identical drafters
+    scope: str = ""  # how the paper cell relates to the run cell's own setting (another block size), for the page
 
 
 class NotRun(Exception):
@@ -161,12 +169,40 @@ def match_paper_cell(claim: dict, attrs: dict) -> dict | None:
 
 def paper_value(claim: dict, cell: dict) -> float:
     """The paper's number in ``cell``, in the claim's unit: ``value`` as written, or from its ``tau`` and
-    DFlash's ``dflash`` by :func:`in_unit` (the conversion the measurements get)."""
+    DFlash's ``dflash`` by :func:`in_unit` (the conversion the measurements get); times the paper's own block
+    size ratio where the cell was scaled to the run's block size (:func:`own_setting`)."""
+    factor = float(cell["scaled"]["ratio"]) if "scaled" in cell else 1.0
     if "value" in cell:
-        return float(cell["value"])
+        return factor * float(cell["value"])
     if "tau" in cell and "dflash" in cell:
-        return in_unit(float(cell["tau"]) - float(cell["dflash"]), float(cell["dflash"]), scale_of(claim))
+        return factor * in_unit(float(cell["tau"]) - float(cell["dflash"]), float(cell["dflash"]), scale_of(claim))
     return math.nan
+
+
+def _same(a, b) -> bool:
+    return a is None or b is None or pd.isna(a) or pd.isna(b) or np.isclose(float(a), float(b))
+
+
+def own_setting(claim: dict, attrs: dict, paper: dict | None) -> tuple[dict | None, str]:
+    """The matched paper cell held to the run cell's own block size, and what the page says about it.
+
+    A region built from the paper's number (``paper_factor``) is only meaningful at the block size the number
+    was measured at: D-PACE's gain at B = 8 is half its gain at B = 16 (Table 4). A run cell at a block size the
+    paper has no cell for (the run's B = 8 against the paper's B = 16 at T = 1, or in Table 3) is scaled by the
+    paper's own ratio between the two block sizes where the claim gives one (``block_scaling``: from, to, ratio,
+    source), else it is beyond the paper. A region that does not depend on the paper's number (an ordering, a
+    collapse) is judged as it is, and the page says which block size the paper's cell is at."""
+    if not paper or _same(attrs.get("block_size"), paper.get("block_size")):
+        return paper, ""
+    run_b, paper_b = int(attrs["block_size"]), int(paper["block_size"])
+    if "paper_factor" not in claim["verdict"]:
+        return paper, f"the paper's cell is at B = {paper_b} (none at B = {run_b}); the region does not depend on it"
+    for rule in claim.get("block_scaling", []):
+        if int(rule["from"]) == paper_b and int(rule["to"]) == run_b:
+            return {**paper, "scaled": rule}, (
+                f"scaled: the paper's B = {paper_b} number x{float(rule['ratio']):.3f}, its own B = {run_b} / "
+                f"B = {paper_b} ratio ({rule['source']})")
+    return None, f"beyond the paper: no B = {run_b} cell, and no B = {run_b} / B = {paper_b} ratio for this claim"
 
 
 def paper_cell_label(cell: dict) -> str:
@@ -178,6 +214,8 @@ def paper_cell_label(cell: dict) -> str:
     if "temperature" in cell:
         parts.append(f"T{cell['temperature']:g}")
     parts += [f"{k} {cell[k]}" for k in ("epoch", "alpha") if k in cell]
+    if "scaled" in cell:
+        parts.append(f"x{float(cell['scaled']['ratio']):.3f} (B{cell['scaled']['to']} / B{cell['scaled']['from']})")
     return " ".join(parts)
 
 
@@ -194,12 +232,12 @@ def judged(claim: dict, cell: str, estimate: tuple, raw: tuple, attrs: dict, *, 
     does not repeat on this machine, shown with its value and never judged (``NOT_MEASURABLE``)."""
     if num_prompts is not None and num_prompts < MIN_INTERVAL_PROMPTS:
         estimate, raw = (estimate[0], math.nan, math.nan), (raw[0], math.nan, math.nan)
-    paper = match_paper_cell(claim, attrs)
+    paper, scope = own_setting(claim, attrs, match_paper_cell(claim, attrs))
     region = Region.of(claim["verdict"], paper_value(claim, paper) if paper else math.nan)
     cell_verdict = verdict(estimate[1], estimate[2], region) if paper is not None else BEYOND
     if not measurable and paper is not None:
         cell_verdict = NOT_MEASURABLE
-    return Finding(claim, cell_verdict, cell, *estimate, attrs=attrs, raw=raw, paper_cell=paper, **extra)
+    return Finding(claim, cell_verdict, cell, *estimate, attrs=attrs, raw=raw, paper_cell=paper, scope=scope, **extra)
 
 
 def region_of(finding: Finding) -> Region:

@@ -53,7 +53,21 @@ class DraftVocabHead(nn.Module):
         self.register_buffer("to_draft", to_draft, persistent=False)
 
     def forward(self, hidden: Tensor) -> Tensor:
-        return nn.functional.linear(hidden, self.weight.to(hidden.dtype))
+        device = hidden.device.type
+        dtype = torch.get_autocast_dtype(device) if torch.is_autocast_enabled(device) else hidden.dtype
+        return nn.functional.linear(hidden, self._weight_in(dtype))
+
+    def _weight_in(self, dtype: torch.dtype) -> Tensor:
+        """The frozen rows in ``dtype``, cast once: under autocast the product runs in its dtype, and
+        autocast casts only trained weights once per region, so this buffer was cast again at every call
+        (twice a step, in training). The values are those of the per-call cast."""
+        if self.weight.dtype == dtype:
+            return self.weight
+        cached = getattr(self, "_cast", None)
+        if cached is None or cached[0] is not self.weight or cached[1].dtype != dtype:
+            cached = (self.weight, self.weight.to(dtype))
+            self._cast = cached
+        return cached[1]
 
     def draft_index(self, target_ids: Tensor) -> tuple[Tensor, Tensor]:
         """Each target id's index in the draft vocabulary (0 where outside) and whether it is inside."""

@@ -50,8 +50,13 @@ from dpace.training.training_records import (
 )
 
 
-def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int):
-    """Right-padded micro-batches; padding has loss mask 0, so no anchor ever lands on it."""
+def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_size: int,
+                         feature_dtype: torch.dtype = torch.float32, with_last_hidden: bool = True):
+    """Right-padded micro-batches; padding has loss mask 0, so no anchor ever lands on it. The target's
+    features come in ``feature_dtype`` (the loop keeps bf16 features bf16 where autocast would cast
+    their float32 copy back to bf16 anyway: ``_feature_dtype``); its last hidden states only
+    ``with_last_hidden`` (the loop: only for objectives that read them)."""
+    keys = ("hidden", "last_hidden") if with_last_hidden else ("hidden",)
     for start in range(0, len(order), micro_batch_size):
         items = [features.sequence(i) for i in order[start : start + micro_batch_size]]
         width = max(len(item["input_ids"]) for item in items)
@@ -59,16 +64,16 @@ def padded_micro_batches(features: FeatureSet, order: list[int], micro_batch_siz
             "input_ids": torch.zeros((len(items), width), dtype=torch.long),
             "loss_mask": torch.zeros((len(items), width)),
         }
-        for key in ("hidden", "last_hidden"):
+        for key in keys:
             if key in items[0]:
-                batch[key] = torch.zeros((len(items), width, items[0][key].shape[-1]))
+                batch[key] = torch.zeros((len(items), width, items[0][key].shape[-1]), dtype=feature_dtype)
         for row, item in enumerate(items):
             length = len(item["input_ids"])
             batch["input_ids"][row, :length] = item["input_ids"]
             batch["loss_mask"][row, :length] = item["loss_mask"]
-            for key in ("hidden", "last_hidden"):
+            for key in keys:
                 if key in batch:
-                    batch[key][row, :length] = item[key].float()
+                    batch[key][row, :length] = item[key].to(feature_dtype)
         yield batch
 
 
@@ -357,7 +362,8 @@ def _train(run: TrainingRun, out_dir: Path, stop_after_steps: int | None) -> boo
         while run.epoch < config.epochs:
             # The data order depends only on (seed, epoch): a resumed run sees the same batches.
             order = torch.randperm(len(features), generator=torch.Generator().manual_seed(config.seed * 1000 + run.epoch))
-            micro_batches = list(padded_micro_batches(features, order.tolist(), config.micro_batch_size))
+            micro_batches = list(padded_micro_batches(features, order.tolist(), config.micro_batch_size,
+                                                      _feature_dtype(run), with_last_hidden=run.needs_target))
             while run.step_in_epoch < run.steps_per_epoch:
                 started = device_clock(run.device)
                 first = run.step_in_epoch * config.grad_accumulation
@@ -380,8 +386,9 @@ def _train(run: TrainingRun, out_dir: Path, stop_after_steps: int | None) -> boo
                 ))
                 run.step_in_epoch += 1
                 run.global_step += 1
+                # Not refreshed here (a refresh per call ignores tqdm's mininterval: a line per step in the log).
+                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}", refresh=False)
                 progress.update(1)
-                progress.set_postfix(loss=f"{loss:.3f}", acc=f"{accuracy:.3f}")
                 if run.global_step % config.save_every_steps == 0:
                     run.save_state()
                 if stop_after_steps is not None and run.global_step >= stop_after_steps:
@@ -405,31 +412,23 @@ def _optimizer_step(run: TrainingRun, accumulated: list[dict]) -> tuple[float, f
     checkpoint is written from it."""
     run.optimizer.zero_grad(set_to_none=True)
     loss_sum, accuracy_sum, weights = 0.0, 0.0, []
-    for batch in accumulated:
-        batch = {key: value.to(run.device) for key, value in batch.items()}
-        with run.autocast():
-            if run.online:
-                with torch.no_grad():
-                    hidden, last = target_hidden_states(
-                        run.target, batch["input_ids"], (batch["input_ids"] >= 0).long(),
-                        run.features.layer_ids, run.needs_target,
-                    )
-                batch["hidden"], batch["last_hidden"] = hidden, last
-            loss, accuracy, metrics = run.model(
-                input_ids=batch["input_ids"],
-                hidden_states=batch["hidden"] if run.feature_scale is None else batch["hidden"] / run.feature_scale,
-                loss_mask=batch["loss_mask"],
-                target_last_hidden_states=batch.get("last_hidden") if run.needs_target else None,
-            )
-        if not torch.isfinite(loss):
-            raise FloatingPointError(
-                f"non-finite loss {loss.item()} at step {run.global_step} (objective {run.objective}); "
-                "no checkpoint was written from it"
-            )
-        (loss / len(accumulated)).backward()
-        loss_sum += loss.item() / len(accumulated)
-        accuracy_sum += float(accuracy) / len(accumulated)
-        weights.append(metrics["weight_per_position"])
+    # One autocast region for the whole step: autocast caches its bf16 copy of every trained weight until
+    # the outermost region exits, so the micro-batches share one cast of each instead of making their
+    # own (the weights change only at the optimizer step; the values are the same). The backward passes
+    # run with autocast off, as they did outside the region.
+    with run.autocast():
+        for batch in accumulated:
+            loss, accuracy, metrics = _micro_batch_loss(run, batch)
+            if not torch.isfinite(loss):
+                raise FloatingPointError(
+                    f"non-finite loss {loss.item()} at step {run.global_step} (objective {run.objective}); "
+                    "no checkpoint was written from it"
+                )
+            with torch.autocast(run.device.type, enabled=False):
+                (loss / len(accumulated)).backward()
+            loss_sum += loss.item() / len(accumulated)
+            accuracy_sum += float(accuracy) / len(accumulated)
+            weights.append(metrics["weight_per_position"])
     gradients = [p.grad for p in run.drafter.parameters() if p.grad is not None]
     grad_norm = torch.nn.utils.get_total_norm(gradients)
     # A norm can also overflow from finite gradients; those are clipped, as before.
@@ -442,6 +441,35 @@ def _optimizer_step(run: TrainingRun, accumulated: list[dict]) -> tuple[float, f
     run.optimizer.step()
     run.scheduler.step()
     return loss_sum, accuracy_sum, grad_norm, weights
+
+
+def _micro_batch_loss(run: TrainingRun, batch: dict) -> tuple[torch.Tensor, torch.Tensor, dict]:
+    """One micro-batch's forward pass (inside the step's autocast region): (loss, accuracy, metrics)."""
+    batch = {key: value.to(run.device) for key, value in batch.items()}
+    if run.online:
+        with torch.no_grad():
+            hidden, last = target_hidden_states(
+                run.target, batch["input_ids"], (batch["input_ids"] >= 0).long(),
+                run.features.layer_ids, run.needs_target,
+            )
+        batch["hidden"], batch["last_hidden"] = hidden, last
+    return run.model(
+        input_ids=batch["input_ids"],
+        hidden_states=batch["hidden"] if run.feature_scale is None else batch["hidden"] / run.feature_scale,
+        loss_mask=batch["loss_mask"],
+        target_last_hidden_states=batch.get("last_hidden") if run.needs_target else None,
+    )
+
+
+def _feature_dtype(run: TrainingRun) -> torch.dtype:
+    """The dtype the micro-batches carry the cached features in: bf16 where they are stored in bf16 and
+    the run trains under bf16 autocast on unscaled features, since the drafter's first use of them (``fc``,
+    and the head for the target's logits) casts them to bf16 anyway: their float32 copy (4 bytes per
+    value, and a cast back per micro-batch) changes no value. float32 otherwise."""
+    stored = {t.dtype for t in (run.features.hidden, run.features.last_hidden) if t is not None}
+    if run.config.precision == "bf16" and run.feature_scale is None and stored == {torch.bfloat16}:
+        return torch.bfloat16
+    return torch.float32
 
 
 def _save_records(run: TrainingRun, out_dir: Path) -> dict:

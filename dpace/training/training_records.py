@@ -14,7 +14,7 @@ from __future__ import annotations
 from dataclasses import asdict, dataclass, fields
 from pathlib import Path
 
-from dpace.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl
+from dpace.io import atomic_write_json, atomic_write_jsonl, read_json, read_jsonl, record_checksums
 
 STEPS_FILE = "steps.jsonl"
 SUMMARY_FILE = "summary.json"
@@ -115,9 +115,11 @@ def run_summary(
 
 
 def write_records(out_dir: str | Path, rows: list[dict], summary: dict) -> None:
-    """``out_dir/steps.jsonl`` and ``out_dir/summary.json``, each written atomically."""
+    """``out_dir/steps.jsonl`` and ``out_dir/summary.json``, each written atomically, and their checksums (the
+    training tables' job verifies them: ``dpace.report.collect.training_frames``)."""
     atomic_write_jsonl(Path(out_dir) / STEPS_FILE, rows)
     atomic_write_json(Path(out_dir) / SUMMARY_FILE, summary)
+    record_checksums(Path(out_dir) / STEPS_FILE, Path(out_dir) / SUMMARY_FILE)
 
 
 def read_steps(drafter_dir: str | Path) -> list[dict]:

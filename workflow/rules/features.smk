@@ -20,9 +20,9 @@ rule features:
         batch_size=config["features"]["batch_size"],
         dtype=config["features"]["dtype"],
         code=script_fingerprint("features.py"),
-    threads: job_threads
+    threads: job_threads("features")
     resources:
-        # cached features run the target: on a GPU when the machine has one (online mode only tokenises)
-        gpu=1 if config["features"]["mode"] == "cached" else 0,
+        # cached features run the target: on a GPU with `device: cuda` (online mode only tokenises)
+        **stage_resources("features"),
     script:
         "../scripts/features.py"

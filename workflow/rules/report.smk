@@ -127,6 +127,8 @@ rule findings:
         f"{RESULTS}/benchmarks/report/findings.tsv"
     params:
         results=lambda wildcards, output: os.path.dirname(output.findings),  # results/
+        # The configured experiments: the claims of others are "not run", never read from an earlier run's files.
+        experiments=sorted(EXPERIMENTS),
         code=script_fingerprint("findings.py"),
     # The run's name, for the page only: a resource, not a param, so that the same results under another
     # config file's name (or a new commit, which the script reads itself) do not rebuild the scorecard.

@@ -26,9 +26,10 @@ rule generate_responses:
         seed=config["seed"],
         scratch=f"{SCRATCH}/responses/{{target}}/{{dataset}}.partial.jsonl",
         code=script_fingerprint("generate_responses.py"),
-    threads: job_threads
+    threads: job_threads("generate_responses")
     resources:
-        gpu=1,  # SGLang's engine, or transformers on a GPU when the machine has one (CPU otherwise)
+        # SGLang's engine, or transformers on a GPU with `device: cuda` (CPU otherwise)
+        **stage_resources("generate_responses"),
     script:
         "../scripts/generate_responses.py"
 
@@ -47,6 +48,7 @@ rule import_responses:
         f"{RESULTS}/benchmarks/responses/{{target}}/{{dataset}}.tsv"
     params:
         source=lambda wildcards: config["targets"][wildcards.target]["responses"],
+        local_digest=lambda wildcards: digest(imported_answers_file(wildcards)),
         num_conversations=sum(training_prompt_counts(config).values()),
         seed=config["seed"],
         code=script_fingerprint("import_responses.py"),

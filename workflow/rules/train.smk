@@ -23,10 +23,11 @@ rule train_drafter:
         backend=config["train"]["backend"],
         scratch=f"{SCRATCH}/train/{{target}}/{{variant}}",
         code=lambda wildcards: script_fingerprint("train_drafter.py", variant(wildcards).objective),
-    threads: job_threads
+    threads: job_threads("train_drafter")
     resources:
-        # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two.
-        gpu=2 if config["train"]["backend"] == "specforge" else 1,
+        # GPUs this job holds (dpace.gpus locks them): SpecForge's capture server and trainer need two,
+        # the local loop one with `device: cuda`, none on a CPU config (dpace.cluster.stage_gpus).
+        **stage_resources("train_drafter"),
     script:
         "../scripts/train_drafter.py"
 
@@ -52,6 +53,6 @@ rule step_timing:
         code=script_fingerprint("step_timing.py"),
     threads: job_threads
     resources:
-        gpu=1,
+        **stage_resources("step_timing"),  # a GPU only where the config runs on one (dpace.cluster)
     script:
         "../scripts/step_timing.py"

@@ -1,10 +1,12 @@
 import contextlib
-import sys
+
+from dpace.jobs import begin_job
+
+begin_job(snakemake)  # fds 1 and 2 to the log; the outputs' lock, held until the job exits (dpace.jobs)
+
 from pathlib import Path
 
-sys.stderr = sys.stdout = open(snakemake.log[0], "w")
-
-from dpace.evaluation.eval_config import EvalConfig  # noqa: E402 (after the log redirect)
+from dpace.evaluation.eval_config import EvalConfig  # noqa: E402 (after begin_job)
 from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402
 from dpace.locks import machine_lock, timing_lock  # noqa: E402
 

@@ -1,7 +1,8 @@
-import sys
-from pathlib import Path
+from dpace.jobs import begin_job
 
-sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+begin_job(snakemake)  # fds 1 and 2 to the log; the outputs' lock, held until the job exits (dpace.jobs)
+
+from pathlib import Path
 
 from dpace.report.collect import remove_stale_reports, write_experiment_training
 

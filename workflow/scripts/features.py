@@ -1,9 +1,10 @@
-import sys
+from dpace.jobs import begin_job
+
+begin_job(snakemake)  # fds 1 and 2 to the log; the outputs' lock, held until the job exits (dpace.jobs)
+
 from dataclasses import fields
 
 import torch
-
-sys.stderr = sys.stdout = open(snakemake.log[0], "w")
 
 from dpace.features import FeatureSettings, compute_features
 from dpace.gpus import torch_device_slot

@@ -1,6 +1,6 @@
-import sys
+from dpace.jobs import begin_job
 
-sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+begin_job(snakemake)  # fds 1 and 2 to the log; the outputs' lock, held until the job exits (dpace.jobs)
 
 from dpace.report.render import render_artifact
 

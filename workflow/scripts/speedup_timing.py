@@ -1,7 +1,8 @@
-import sys
-from pathlib import Path
+from dpace.jobs import begin_job
 
-sys.stderr = sys.stdout = open(snakemake.log[0], "w")
+begin_job(snakemake)  # fds 1 and 2 to the log; the outputs' lock, held until the job exits (dpace.jobs)
+
+from pathlib import Path  # noqa: E402
 
 import torch  # noqa: E402 (after the log redirect)
 

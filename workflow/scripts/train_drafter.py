@@ -1,9 +1,10 @@
-import sys
+from dpace.jobs import begin_job
+
+begin_job(snakemake)  # fds 1 and 2 to the log; the outputs' lock, held until the job exits (dpace.jobs)
+
 from pathlib import Path
 
-sys.stderr = sys.stdout = open(snakemake.log[0], "w")
-
-from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402 (after the log redirect)
+from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402 (after begin_job)
 
 params = snakemake.params
 out_dir = Path(snakemake.output.summary).parent

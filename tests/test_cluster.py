@@ -1,0 +1,381 @@
+"""Cluster submission (issue 57): what each job asks SLURM for (dry runs through the SLURM executor
+plugin's own sbatch builder), and real submissions to a one-node SLURM cluster with accounting
+(workflow/cluster/slurm.sh): the smoke DAG, a cancelled and a timed-out training job, a killed Snakemake.
+
+The real-cluster tests need root and apt-get (the script installs slurm-wlm, slurmdbd, munge and
+mariadb-server); DPACE_SKIP_CLUSTER=1 skips them, except under CI=true, where they always run."""
+
+from __future__ import annotations
+
+import hashlib
+import json
+import os
+import re
+import shutil
+import signal
+import subprocess
+import sys
+import time
+from pathlib import Path
+from types import SimpleNamespace
+
+import pandas as pd
+import pytest
+import yaml
+from test_profiles import GPU_RULES, planned_jobs
+from workflow_runs import write_config
+
+from dpace import cluster
+
+REPO = Path(__file__).resolve().parents[1]
+PROFILE = REPO / "workflow" / "profiles" / "slurm"
+PAPER = REPO / "workflow" / "configs" / "paper.yaml"
+SMOKE = yaml.safe_load((REPO / "workflow" / "configs" / "smoke.yaml").read_text())
+STAGES = yaml.safe_load((PROFILE / "stages.yaml").read_text())
+SLURM_SCRIPT = REPO / "workflow" / "cluster" / "slurm.sh"
+ACCOUNT, PARTITION = "dpace", "cpu"  # the script's defaults
+
+
+def local_rules() -> set[str]:
+    """Rules with `localrule: True`: Snakemake runs them on the submitting machine, never through sbatch."""
+    rules = set()
+    for path in [REPO / "Snakefile", *sorted((REPO / "workflow" / "rules").glob("*.smk"))]:
+        for block in re.split(r"\n(?=rule \w+:)", path.read_text()):
+            found = re.match(r"rule (\w+):", block)
+            if found and re.search(r"^\s+localrule: True", block, re.M):
+                rules.add(found.group(1))
+    return rules
+
+
+LOCAL_RULES = local_rules() | {"all"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# What a job asks for: dpace.cluster, and the sbatch command lines of dry runs
+
+
+def test_gpus_only_where_a_stage_uses_them():
+    smoke = {**SMOKE, "device": "cpu"}
+    for stage in ("generate_responses", "features", "train_drafter", "autoregressive_baseline", "evaluate",
+                  "prepare_target"):
+        assert cluster.stage_gpus(stage, smoke) == 0, stage
+    cuda = {**SMOKE, "device": "cuda"}
+    assert [cluster.stage_gpus(s, cuda) for s in ("generate_responses", "features", "train_drafter", "evaluate")] \
+        == [1, 1, 1, 1]
+    paper = yaml.safe_load(PAPER.read_text())
+    assert {s: cluster.stage_gpus(s, paper) for s in GPU_RULES} == GPU_RULES
+    assert cluster.stage_gpus("features", paper) == 0  # online features only tokenise
+    # the GPU backends use GPUs whatever the device says
+    gpu_backends = {**SMOKE, "responses": {"backend": "sglang"}, "train": {"backend": "specforge"},
+                    "eval": {"backend": "sglang"}}
+    assert [cluster.stage_gpus(s, gpu_backends) for s in ("generate_responses", "train_drafter", "evaluate")] \
+        == [1, 2, 1]
+
+
+def test_stage_resources_from_the_environment_and_an_override_file(tmp_path):
+    assert cluster.stage_resources("evaluate", 0, {}) == {"gpu": 0, "mem_mb": STAGES["evaluate"]["mem_mb"]}
+    assert cluster.stage_resources("evaluate", 1, {})["gpu_model"] == STAGES["evaluate"]["gpu_model"]
+    override = tmp_path / "stages.yaml"
+    override.write_text("train_drafter: {partition: long, gpu_model: a100}\n")
+    env = {"DPACE_SLURM_CPUS": "2", "DPACE_SLURM_MEM_MB": "8000", "DPACE_SLURM_STAGES": str(override)}
+    assert cluster.stage_resources("train_drafter", 2, env) == {
+        "gpu": 2, "gpu_model": "a100", "mem_mb": 8000, "slurm_partition": "long"}
+    assert cluster.stage_cpus("train_drafter", env) == 2 and cluster.stage_cpus("train_drafter", {}) == 16
+    assert cluster.stage_resources("evaluate", 1, {**env, "DPACE_SLURM_GPU_MODEL": "h100"})["gpu_model"] == "h100"
+    override.write_text("train_drafter: {gpus: 3}\n")
+    with pytest.raises(cluster.ClusterError, match="unknown keys"):
+        cluster.stage_resources("train_drafter", 2, env)
+
+
+def sbatch_command(rule: str, resources: dict) -> str:
+    """The sbatch command line the SLURM executor plugin builds for a planned job (its own functions)."""
+    from snakemake_executor_plugin_slurm.submit_string import get_submit_command
+    from snakemake_executor_plugin_slurm.utils import set_gres_string
+
+    values = {key: int(value) if re.fullmatch(r"\d+", value) else value for key, value in resources.items()}
+    job = SimpleNamespace(resources=SimpleNamespace(**values, get=values.get), threads=1, name=rule)
+    params = {"run_uuid": "run", "slurm_logfile": "log", "comment_str": f"rule_{rule}",
+              "account": f"-A {values['slurm_account']}", "partition": f"-p {values['slurm_partition']}",
+              "workdir": "."}
+    return get_submit_command(job, params) + set_gres_string(job)
+
+
+def dry_run_commands(tmp_path: Path, configfile: Path, target: str, env: dict | None = None) -> list[tuple[str, str]]:
+    """(rule, sbatch command) of every job a dry run of ``target`` plans through the SLURM profile."""
+    env = {**os.environ, "SLURM_ACCOUNT": "fake_account", "SLURM_PARTITION": "fake_partition",
+           "PYTHONPATH": str(REPO), **(env or {})}
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+               "--configfile", str(configfile), "--replace-workflow-config", "--workflow-profile", str(PROFILE),
+               # --cores: a dry run caps each job's threads at its cores (1 unless given); a submission does not
+               "-n", "--cores", "64", "--", target]
+    result = subprocess.run(command, capture_output=True, text=True, env=env, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    return [(rule, sbatch_command(rule, resources)) for rule, resources in planned_jobs(result.stdout + result.stderr)
+            if rule not in LOCAL_RULES]
+
+
+def argument(command: str, flag: str) -> str | None:
+    found = re.search(rf"(?:^| ){re.escape(flag)}[= ](\S+)", command)
+    return found.group(1).strip("'") if found else None
+
+
+@pytest.mark.slow  # a Snakemake dry run of the paper config
+def test_paper_asks_each_stage_for_the_gpus_the_profile_names(tmp_path):
+    commands = dry_run_commands(tmp_path, PAPER, "all")
+    assert {rule for rule, _ in commands} >= set(GPU_RULES)
+    for rule, command in commands:
+        assert argument(command, "-p") == "fake_partition" and argument(command, "-A") == "fake_account", command
+        if rule in GPU_RULES:
+            assert argument(command, "--gpus") == f"{STAGES[rule]['gpu_model']}:{GPU_RULES[rule]}", command
+            assert argument(command, "--cpus-per-task") == str(STAGES[rule]["cpus"]), command
+            assert argument(command, "--mem") == str(STAGES[rule]["mem_mb"]), command
+        else:
+            assert "--gpus" not in command and "--gres" not in command, command
+
+
+@pytest.mark.slow  # Snakemake dry runs
+def test_cpu_configs_ask_no_gpu_and_fit_the_node_the_environment_names(tmp_path):
+    override = tmp_path / "stages.yaml"
+    override.write_text("train_drafter: {partition: long}\n")
+    env = {"DPACE_SLURM_CPUS": "2", "DPACE_SLURM_MEM_MB": "8000", "DPACE_SLURM_STAGES": str(override),
+           "DPACE_SLURM_GPU_MODEL": "h100"}
+    smoke = write_config(tmp_path, job_threads=None)  # threads from the stage table, at most the node's 2 cores
+    for config in (smoke, REPO / "config.yaml"):
+        commands = dry_run_commands(tmp_path, config, "results/table_main.tex", env)
+        for rule, command in commands:
+            assert "--gpus" not in command and "--gres" not in command, command
+            assert int(argument(command, "--cpus-per-task")) <= 2, command
+            assert int(argument(command, "--mem") or 0) <= 8000, command
+            assert argument(command, "-p") == ("long" if rule == "train_drafter" else "fake_partition"), command
+        assert [argument(c, "--cpus-per-task") for r, c in commands if r == "train_drafter"] == ["2"] * 4
+    paper = dry_run_commands(tmp_path, PAPER, "results/table_main.tex", env)
+    assert {argument(c, "--gpus") for r, c in paper if r == "train_drafter"} == {"h100:2"}
+
+
+# ---------------------------------------------------------------------------------------------------------
+# A real one-node cluster (workflow/cluster/slurm.sh): submissions through workflow/profiles/slurm
+
+TABLE = "results/table_main.tex"
+TIMING = ["speedup", "ar_tpot_s", "spec_tpot_s"]  # measured times: the only columns two runs may differ in
+
+
+@pytest.fixture(scope="module")
+def slurm() -> dict[str, str]:
+    """Brings the cluster up (idempotent; .ci/run already did under CI) and returns the environment of a
+    submission: the README's (section "On a cluster") account, partition and node size."""
+    if os.environ.get("CI") != "true":
+        if os.environ.get("DPACE_SKIP_CLUSTER") == "1":
+            pytest.skip("DPACE_SKIP_CLUSTER=1")
+        if os.geteuid() != 0 or shutil.which("apt-get") is None:
+            pytest.skip("a test cluster needs root and apt-get (bash workflow/cluster/slurm.sh up)")
+    up = subprocess.run(["bash", str(SLURM_SCRIPT), "up"], capture_output=True, text=True, timeout=1200)
+    assert up.returncode == 0, up.stdout[-3000:] + up.stderr[-3000:]
+    cpus, mem_mb = subprocess.run(["sinfo", "-h", "-N", "-p", PARTITION, "-o", "%c %m"], capture_output=True,
+                                  text=True, check=True).stdout.split()[:2]
+    return {**os.environ, "PYTHONPATH": str(REPO), "SLURM_ACCOUNT": ACCOUNT, "SLURM_PARTITION": PARTITION,
+            "DPACE_SLURM_CPUS": cpus, "DPACE_SLURM_MEM_MB": mem_mb}
+
+
+def readme_cluster_commands() -> list[list[str]]:
+    """The `snakemake` command lines of README's "On a cluster" section, in order."""
+    text = (REPO / "README.md").read_text()
+    section = text.split("## On a cluster", 1)[1].split("\n## ", 1)[0]
+    return [line.split("#")[0].split() for line in section.splitlines() if line.startswith("snakemake ")]
+
+
+def cluster_run(workdir: Path, config: Path, args: list[str], env: dict, log: Path) -> subprocess.Popen:
+    """A README command line (its snakemake arguments) run on the test's workdir and config, in the
+    background, in its own process group, its output in ``log``."""
+    args = list(args)
+    if "--configfile" in args:  # the README's config file -> the test's copy of it (absolute mirror)
+        args[args.index("--configfile") + 1] = str(config)
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(workdir), *args]
+    if "--configfile" not in args:
+        command[5:5] = ["--configfile", str(config), "--replace-workflow-config"]
+    with log.open("a") as out:
+        return subprocess.Popen(command, env=env, stdout=out, stderr=subprocess.STDOUT, start_new_session=True)
+
+
+def finish(run: subprocess.Popen, log: Path, timeout: int = 1200) -> str:
+    try:
+        run.wait(timeout=timeout)
+    except subprocess.TimeoutExpired:
+        os.killpg(run.pid, signal.SIGINT)
+        run.wait(timeout=120)
+    text = log.read_text(errors="replace")
+    assert run.returncode == 0, text[-5000:]
+    return text
+
+
+def slurm_ids(text: str) -> list[str]:
+    return re.findall(r"has been submitted with SLURM jobid (\d+)", text)
+
+
+def sacct(ids: list[str]) -> list[dict[str, str]]:
+    """One row per SLURM job (its allocation, -X): id, comment (rule_<rule>[_wildcards_...]), state, CPUs."""
+    fields = ["JobID", "Comment", "State", "AllocCPUS", "ElapsedRaw"]
+    for _ in range(30):  # slurmdbd records a job's end within seconds
+        out = subprocess.run(["sacct", "-X", "-n", "-P", "-j", ",".join(ids), f"--format={','.join(fields)}"],
+                             capture_output=True, text=True, check=True).stdout
+        rows = [dict(zip(fields, line.split("|"), strict=True)) for line in out.splitlines() if line]
+        if len(rows) == len(ids) and not any(r["State"] in ("PENDING", "RUNNING") for r in rows):
+            return rows
+        time.sleep(2)
+    raise AssertionError(f"sacct does not list jobs {ids} as ended: {rows}")
+
+
+def rule_of(comment: str) -> str:
+    return re.match(r"rule_(\w+?)(?:_wildcards_|$)", comment).group(1)
+
+
+def file_digests(results: Path, folder: str) -> dict[str, str]:
+    root = results / folder
+    return {str(p.relative_to(root)): hashlib.sha256(p.read_bytes()).hexdigest()
+            for p in sorted(root.rglob("*")) if p.is_file()}
+
+
+def same_drafters(first: Path, second: Path) -> None:
+    """Every drafter's weights and checksum sidecars byte for byte, and its per-step losses."""
+    digests = [{k: v for k, v in file_digests(r / "results", "drafters").items() if not k.endswith("steps.jsonl")
+                and not k.endswith("summary.json")} for r in (first, second)]
+    assert digests[0] and digests[0] == digests[1]
+    for steps in sorted((first / "results" / "drafters").rglob("steps.jsonl")):
+        other = second / steps.relative_to(first)
+        losses = [[json.loads(line)["loss"] for line in path.read_text().splitlines()] for path in (steps, other)]
+        assert losses[0] == losses[1], steps
+
+
+@pytest.fixture(scope="module")
+def table_1_runs(slurm, tmp_path_factory, mirror) -> dict:
+    """README's cluster lines on Table 1 of the smoke config (only the environment changes: account,
+    partition, node size), with the submitting Snakemake killed mid-way (SIGKILL: a closed login session)
+    and README's recovery lines; and a local run of the same config, at the same time."""
+    tmp_path = tmp_path_factory.mktemp("table_1")
+    submit, unlock, again = readme_cluster_commands()
+    assert submit == again and unlock == ["snakemake", "--unlock"], (submit, unlock, again)
+    assert submit[-1] == TABLE and "--workflow-profile" in submit
+    config = write_config(tmp_path)
+    local_dir, cluster_dir = tmp_path / "local", tmp_path / "cluster"
+    local_log, cluster_log = tmp_path / "local.log", tmp_path / "cluster.log"
+    local = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(local_dir), "--configfile",
+         str(config), "--replace-workflow-config", "--cores", "2", TABLE],
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=local_log.open("w"), stderr=subprocess.STDOUT)
+    run = cluster_run(cluster_dir, config, submit[1:], slurm, cluster_log)
+    deadline = time.monotonic() + 900
+    while "rule_train_drafter" not in cluster_log.read_text(errors="replace") and run.poll() is None \
+            and time.monotonic() < deadline:
+        time.sleep(1)
+    os.killpg(run.pid, signal.SIGKILL)  # Snakemake dies; its submitted SLURM jobs go on
+    run.wait()
+    killed = cluster_log.read_text(errors="replace")
+    assert "rule_train_drafter" in killed, killed[-3000:]
+    for step in (unlock, again):
+        text = finish(cluster_run(cluster_dir, config, step[1:], slurm, cluster_log), cluster_log)
+    assert "Nothing to be done" not in text.rsplit("Building DAG", 1)[-1]
+    return {"local": local_dir, "cluster": cluster_dir, "killed": killed, "local_text": finish(local, local_log),
+            "cluster_text": cluster_log.read_text(errors="replace")}
+
+
+@pytest.mark.slow  # a SLURM run and a local run of Table 1's smoke DAG (about 5 minutes)
+def test_table_1_through_slurm_equals_a_local_run_after_a_killed_snakemake(table_1_runs):
+    """Every job but the local rules ran as one SLURM job (sacct, by its rule), the killed run recovered
+    with README's lines, and drafters, metrics and Table 1 equal the local run's."""
+    local_dir, cluster_dir = table_1_runs["local"], table_1_runs["cluster"]
+    # sacct: every non-local job of the run's plan completed as a SLURM job named by its rule; a job runs
+    # twice only when it was running as Snakemake died (its rerun is the recovery's)
+    rows = sacct(slurm_ids(table_1_runs["cluster_text"]))
+    stats = table_1_runs["local_text"].split("Job stats:")[1]
+    planned = {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", stats, re.M)
+               if rule not in LOCAL_RULES and rule != "total"}
+    completed: dict[str, set[str]] = {}
+    for row in rows:
+        if row["State"] == "COMPLETED":
+            completed.setdefault(rule_of(row["Comment"]), set()).add(row["Comment"])
+    assert {rule: len(c) for rule, c in completed.items()} == planned, rows
+    killed_ids = set(slurm_ids(table_1_runs["killed"]))
+    repeated = {r["Comment"] for r in rows if sum(o["Comment"] == r["Comment"] for o in rows) > 1}
+    for comment in repeated:
+        assert any(r["JobID"] in killed_ids and r["Comment"] == comment for r in rows), (comment, rows)
+    assert not LOCAL_RULES & {rule_of(r["Comment"]) for r in rows}
+
+    same_drafters(local_dir, cluster_dir)
+    for name in ("main.csv", "main_comparisons.csv"):
+        frames = [pd.read_csv(d / "results" / "metrics" / name) for d in (local_dir, cluster_dir)]
+        if "metric" in frames[0].columns:  # the comparisons: a row per metric; speedup is timed
+            frames = [f[~f["metric"].isin(TIMING)].reset_index(drop=True) for f in frames]
+            assert len(frames[0]) and set(frames[0]["metric"]) == {"tau"}
+        columns = [c for c in frames[0].columns if not any(t in c for t in TIMING)]
+        pd.testing.assert_frame_equal(frames[0][columns], frames[1][columns])
+    from test_workflow import tau_cells
+    tables = [(d / TABLE).read_text() for d in (local_dir, cluster_dir)]
+    assert tau_cells(tables[0]) and tau_cells(tables[0]) == tau_cells(tables[1])
+
+# A drafter that trains long enough (minutes on 2 cores) to be cancelled and to outlive a 1-minute limit,
+# from Table 1's smoke data (the runs above made its target, answers and features); threads from the stage
+# table (job_threads unset: the fallback a cluster executor needs, which leaves Snakemake's cores unset).
+FAULT_EPOCHS = 240
+FAULT = {"job_threads": None, "train.epochs": FAULT_EPOCHS, "train.num_anchors": 64, "train.save_every_steps": 4}
+FAULT_DRAFTER = f"dpace-alpha0.5-d1-b4-e{FAULT_EPOCHS}"
+
+
+def running_jobs(rule: str) -> list[str]:
+    out = subprocess.run(["squeue", "-h", "-t", "RUNNING", "-o", "%i %k"], capture_output=True, text=True).stdout
+    return [line.split()[0] for line in out.splitlines() if len(line.split()) > 1 and rule_of(line.split()[1]) == rule]
+
+
+def wait_for(condition, what: str, run: subprocess.Popen, log: Path, timeout: float = 900):
+    deadline = time.monotonic() + timeout
+    while time.monotonic() < deadline:
+        value = condition()
+        if value:
+            return value
+        assert run.poll() is None, f"the run ended before {what}: " + log.read_text(errors="replace")[-3000:]
+        time.sleep(1)
+    raise AssertionError(f"timed out waiting for {what}")
+
+
+@pytest.mark.slow  # a SLURM run and a local run of one long training (several minutes)
+def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slurm, table_1_runs, tmp_path):
+    """scancel of the running training job, then its resubmission hitting a 1-minute runtime limit: each
+    time Snakemake resubmits it (README's command, the profile's retries raised to 2 for the two faults)
+    and it resumes from its last saved state; the drafter equals a local uninterrupted run's."""
+    local_dir, cluster_dir = table_1_runs["local"], table_1_runs["cluster"]
+    submit = readme_cluster_commands()[0]
+    config = write_config(tmp_path, **FAULT)
+    target = f"results/drafters/tiny/{FAULT_DRAFTER}/summary.json"
+    cpus = slurm["DPACE_SLURM_CPUS"]
+    local_log, cluster_log = tmp_path / "local.log", tmp_path / "cluster.log"
+    local = subprocess.Popen(
+        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(local_dir), "--configfile",
+         str(config), "--replace-workflow-config", "--cores", cpus, target],  # threads = the node's cores
+        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=local_log.open("w"), stderr=subprocess.STDOUT)
+    options = [a for a in submit[1:-1] if a != "--"]  # README's options, its target replaced
+    args = [*options, "--retries", "2", "--set-resources", "train_drafter:runtime=[60, 1, 60][attempt - 1]", "--",
+            target]
+    run = cluster_run(cluster_dir, config, args, slurm, cluster_log)
+    state = cluster_dir / "results" / "scratch" / "train" / "tiny" / FAULT_DRAFTER / "state.pt"
+    first = wait_for(lambda: state.exists() and running_jobs("train_drafter"), "a saved training state", run, cluster_log)
+    subprocess.run(["scancel", first[0]], check=True)
+    second = wait_for(lambda: [j for j in running_jobs("train_drafter") if j != first[0]], "the resubmission", run,
+                      cluster_log)
+    text = finish(run, cluster_log)
+    finish(local, local_log)
+
+    rows = [r for r in sacct(slurm_ids(text)) if rule_of(r["Comment"]) == "train_drafter"]
+    assert [r["State"].split()[0] for r in rows] == ["CANCELLED", "TIMEOUT", "COMPLETED"], rows
+    assert rows[1]["JobID"] == second[0] and int(rows[1]["ElapsedRaw"]) >= 60, rows
+    # threads: the stage table's 16 cores at most the node's, asked for and used
+    assert {r["AllocCPUS"] for r in rows} == {cpus}, rows
+    summary = json.loads((cluster_dir / target).read_text())
+    assert summary["config"]["threads"] == int(cpus)
+    log = (cluster_dir / "results" / "logs" / "train" / "tiny" / f"{FAULT_DRAFTER}.log").read_text(errors="replace")
+    resumed_at = int(re.search(r"train dpace[^|\n]*\|[^|\n]*\| *(\d+)/\d+ \[", log).group(1))  # the last attempt's progress bar starts there
+    assert 0 < resumed_at < summary["steps"], resumed_at
+    digests = [file_digests(d / "results" / "drafters" / "tiny", FAULT_DRAFTER) for d in (local_dir, cluster_dir)]
+    digests = [{k: v for k, v in d.items() if not k.endswith(("steps.jsonl", "summary.json"))} for d in digests]
+    assert len([k for k in digests[0] if k.endswith("model.safetensors")]) == FAULT_EPOCHS, sorted(digests[0])
+    assert digests[0] == digests[1]
+    losses = [[json.loads(line)["loss"] for line in (d / "results" / "drafters" / "tiny" / FAULT_DRAFTER /
+                                                    "steps.jsonl").read_text().splitlines()] for d in (local_dir, cluster_dir)]
+    assert losses[0] == losses[1]
