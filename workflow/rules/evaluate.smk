@@ -108,7 +108,7 @@ rule speedup_timing:
         timing={key: config["timing"][key] for key in ("prompts_per_benchmark", "sampled_prompts_per_benchmark",
                                                       "repeats")},
         code=script_fingerprint("speedup_timing.py"),
-    threads: job_threads
+    threads: job_threads("speedup_timing")
     resources:
         **stage_resources("speedup_timing"),  # a GPU only where the config runs on one (dpace.cluster)
     script:

@@ -51,7 +51,7 @@ rule step_timing:
         train=train_knobs(config["train"]),
         timing={key: config["timing"][key] for key in ("steps", "warmup_steps", "repeats")},
         code=script_fingerprint("step_timing.py"),
-    threads: job_threads
+    threads: job_threads("step_timing")
     resources:
         **stage_resources("step_timing"),  # a GPU only where the config runs on one (dpace.cluster)
     script:

@@ -1,10 +1,9 @@
-import contextlib
-
 from dpace.jobs import begin_job
 
 begin_job(snakemake)  # fds 1 and 2 to the log; the outputs' lock, held until the job exits (dpace.jobs)
 
-from pathlib import Path
+import contextlib  # noqa: E402
+from pathlib import Path  # noqa: E402
 
 from dpace.evaluation.eval_config import EvalConfig  # noqa: E402 (after begin_job)
 from dpace.gpus import gpu_slot, torch_device_slot  # noqa: E402
