@@ -380,6 +380,28 @@ def test_table_normalization(metrics):
     assert rows[1][1:] == ["2.30", "3.30"] and rows[0][1:] == ["2.00", "3.00"]
 
 
+def test_an_untimed_experiment_prints_sr_as_not_timed_and_still_requires_every_tau(metrics):
+    """Only experiments a claim reads SR of have timing jobs: the others' tables say SR was not timed (a smoke
+    `all` failed on table_normalization's first SR cell), while a missing tau still fails naming its cell."""
+    from dpace.report.latex import MissingCell
+
+    untimed = metrics.assign(speedup=float("nan"))
+    rows = check_structure(table_normalization(untimed), n_data=5, n_cols=3, label="tab:normalization")
+    assert rows[1][1:] == ["--", "3.30"] and rows[2][1:] == ["--", r"\textbf{3.45}"]
+    assert "SR: not timed for this table" in table_normalization(untimed)
+    assert "not timed" not in table_normalization(metrics)
+    batch = untimed.index[(untimed["experiment"] == "normalization") & (untimed["normalization"] == "batch")]
+    one_tau_missing = untimed.copy()
+    one_tau_missing.loc[batch[0], "tau"] = float("nan")
+    with pytest.raises(MissingCell, match="tab:normalization"):
+        table_normalization(one_tau_missing)
+    timed_but_one_sr_missing = metrics.copy()
+    first = timed_but_one_sr_missing.index[timed_but_one_sr_missing["experiment"] == "normalization"][0]
+    timed_but_one_sr_missing.loc[first, "speedup"] = float("nan")
+    with pytest.raises(MissingCell, match="SR"):
+        table_normalization(timed_but_one_sr_missing)
+
+
 # ---------------------------------------------------------------- missing experiments
 
 
