@@ -178,22 +178,45 @@ def stage_times(workdir: Path) -> dict[str, float]:
     return times
 
 
+def timed_speedups(workdir: Path) -> dict[tuple[str, str, float], float]:
+    """SR per (target, variant, temperature), mean over benchmarks, from every timing job's records (the
+    evaluations replay; only a timing job decodes against the clock)."""
+    import pandas as pd
+
+    from dpace.report.timing import interleaved_speedups
+
+    out: dict[tuple[str, str, float], list[float]] = {}
+    for path in sorted((workdir / "results" / "eval").glob("*/timing-*.csv")):
+        times = pd.read_csv(path)
+        for (target, temperature), group in times.groupby(["target", "temperature"]):
+            for row in interleaved_speedups(group):
+                out.setdefault((str(target), row["variant"], float(temperature)), []).append(row["speedup"])
+    return {key: sum(values) / len(values) for key, values in out.items()}
+
+
 def eval_results(workdir: Path) -> list[dict]:
-    """Mean tau and SR over benchmarks per (variant, temperature), from every evaluation summary."""
+    """Mean tau and SR over benchmarks per (variant, temperature), from every evaluation summary; SR from the
+    summary where the evaluation timed its decoding, else from the timing job (NaN where none timed it)."""
     from dpace.io import read_json
     from dpace.paths import eval_location
 
     out = []
+    timed = timed_speedups(workdir)
     for path in sorted((workdir / "results" / "eval").rglob("summary.json")):
         rows = read_json(path)
-        _, variant, _, suite = eval_location(path)
+        target, variant, _, suite = eval_location(path)
         for temperature in sorted({r["temperature"] for r in rows}):
             sel = [r for r in rows if r["temperature"] == temperature]
             taus = [r["tau"] for r in sel if r.get("tau") is not None]
+            speedups = [r.get("speedup") for r in sel]
+            if all(speedup is not None for speedup in speedups):
+                speedup = sum(speedups) / len(speedups)
+            else:
+                speedup = timed.get((target, variant, float(temperature)), float("nan"))
             out.append({
                 "variant": variant, "suite": suite, "T": temperature,
                 "tau": sum(taus) / len(taus) if taus else float("nan"),
-                "SR": sum(r["speedup"] for r in sel) / len(sel),
+                "SR": speedup,
                 "engine": sel[0].get("engine", "local"),
                 "greedy_ties": sum(r.get("greedy_ties") or 0 for r in sel),
                 "greedy_failures": sum(r.get("greedy_failures") or 0 for r in sel),

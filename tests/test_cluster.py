@@ -122,7 +122,8 @@ def argument(command: str, flag: str) -> str | None:
 @pytest.mark.slow  # a Snakemake dry run of the paper config
 def test_paper_asks_each_stage_for_the_gpus_the_profile_names(tmp_path):
     commands = dry_run_commands(tmp_path, PAPER, "all")
-    assert {rule for rule, _ in commands} >= set(GPU_RULES)
+    # Table 7's step timing runs the local training loop only; the paper trains with SpecForge (no such job)
+    assert {rule for rule, _ in commands} >= set(GPU_RULES) - {"step_timing"}
     for rule, command in commands:
         assert argument(command, "-p") == "fake_partition" and argument(command, "-A") == "fake_account", command
         if rule in GPU_RULES:
@@ -236,8 +237,9 @@ def file_digests(results: Path, folder: str) -> dict[str, str]:
 
 def same_drafters(first: Path, second: Path) -> None:
     """Every drafter's weights and checksum sidecars byte for byte, and its per-step losses."""
-    digests = [{k: v for k, v in file_digests(r / "results", "drafters").items() if not k.endswith("steps.jsonl")
-                and not k.endswith("summary.json")} for r in (first, second)]
+    # steps.jsonl and summary.json hold wall times, and the drafter's checksums.json their checksums
+    digests = [{k: v for k, v in file_digests(r / "results", "drafters").items()
+                if not k.endswith(("steps.jsonl", "summary.json", "/checksums.json"))} for r in (first, second)]
     assert digests[0] and digests[0] == digests[1]
     for steps in sorted((first / "results" / "drafters").rglob("steps.jsonl")):
         other = second / steps.relative_to(first)
@@ -373,7 +375,8 @@ def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slu
     resumed_at = int(re.search(r"train dpace[^|\n]*\|[^|\n]*\| *(\d+)/\d+ \[", log).group(1))  # the last attempt's progress bar starts there
     assert 0 < resumed_at < summary["steps"], resumed_at
     digests = [file_digests(d / "results" / "drafters" / "tiny", FAULT_DRAFTER) for d in (local_dir, cluster_dir)]
-    digests = [{k: v for k, v in d.items() if not k.endswith(("steps.jsonl", "summary.json"))} for d in digests]
+    digests = [{k: v for k, v in d.items() if not k.endswith(("steps.jsonl", "summary.json")) and k != "checksums.json"
+                and not k.endswith("/checksums.json")} for d in digests]
     assert len([k for k in digests[0] if k.endswith("model.safetensors")]) == FAULT_EPOCHS, sorted(digests[0])
     assert digests[0] == digests[1]
     losses = [[json.loads(line)["loss"] for line in (d / "results" / "drafters" / "tiny" / FAULT_DRAFTER /

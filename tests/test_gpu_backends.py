@@ -21,6 +21,7 @@ import sys
 import textwrap
 from pathlib import Path
 
+import pandas as pd
 import pytest
 import torch
 import yaml
@@ -777,6 +778,15 @@ def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):
     [row] = gpu_check.eval_results(tmp_path)
     assert (row["variant"], row["suite"], row["tau"], row["SR"], row["greedy_failures"]) == (
         "dpace-alpha0.5-d1-b4-e2", "full", 2.0, 1.0, 1)
+    # a replayed evaluation (no speedup of its own) takes SR from the timing job's records, per temperature
+    path.write_text(json.dumps([{"temperature": t, "tau": 2.0, "speedup": None} for t in (0.0, 1.0)]))
+    timing = pd.DataFrame([
+        {"target": "tiny", "temperature": t, "benchmark": b, "drafter": d, "time_per_output_token_s": s}
+        for t, scale in ((0.0, 1.0), (1.0, 2.0)) for b in ("gsm8k", "mt_bench")
+        for d, s in (("autoregressive", 0.3 * scale), ("dpace-alpha0.5-d1-b4-e2", 0.1 * scale * (b == "gsm8k" or 2)))])
+    timing.to_csv(tmp_path / "results" / "eval" / "tiny" / "timing-main.csv", index=False)
+    rows = gpu_check.eval_results(tmp_path)
+    assert [(row["T"], row["SR"]) for row in rows] == [(0.0, pytest.approx(2.25)), (1.0, pytest.approx(2.25))]
 
 
 def test_sglang_rows_take_tau_from_sglangs_accept_length_not_from_step_lengths():

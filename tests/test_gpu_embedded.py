@@ -51,12 +51,14 @@ def test_gpu_embedded_plans_table_1_with_every_gpu_job_on_the_gpu(tmp_path):
     assert result.returncode == 0, result.stderr[-2000:]
     out = result.stdout
     counts = dict(re.findall(r"^(\w+)\s+(\d+)$", out, re.MULTILINE))
+    # one timing job: Table 1's SR, the target and the four drafters decoded interleaved on the one GPU
     assert {rule: int(counts[rule]) for rule in ("train_drafter", "evaluate", "autoregressive_baseline",
-                                                  "generate_responses", "features", "total")} == {
+                                                  "generate_responses", "features", "speedup_timing", "total")} == {
         "train_drafter": 4, "evaluate": 4, "autoregressive_baseline": 1, "generate_responses": 1, "features": 1,
-        "total": 21}
+        "speedup_timing": 1, "total": 22}
     jobs = re.split(r"\n(?=\[.*\]\nrule |rule )", out)
-    for rule in ("train_drafter", "evaluate", "generate_responses", "features", "autoregressive_baseline"):
+    for rule in ("train_drafter", "evaluate", "generate_responses", "features", "autoregressive_baseline",
+                 "speedup_timing"):
         planned = [job for job in jobs if re.search(rf"^rule {rule}:", job, re.MULTILINE)]
         assert planned and all("gpu=1" in job for job in planned), rule
     variants = set(re.findall(r"variant=(\S+?)(?:,|\n)", out))

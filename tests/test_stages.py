@@ -248,6 +248,11 @@ def test_target_without_chat_template_is_rejected(tmp_path, tiny_target_json):
     data.pop("chat_template", None)
     config.write_text(json.dumps(data))
     (copy / "model" / "chat_template.jinja").unlink(missing_ok=True)
+    # prepared that way (its record's checksums are of the folder as it now is), not damaged afterwards
+    from dpace.io import folder_checksums
+
+    record = json.loads((copy / "target.json").read_text())
+    (copy / "target.json").write_text(json.dumps({**record, "checksums": folder_checksums(copy / "model")}))
     with pytest.raises(ValueError, match="no chat template"):
         load_target(copy / "target.json")
 

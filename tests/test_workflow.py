@@ -97,7 +97,7 @@ def test_smoke_checkpoints_load_into_dflash(smoke_run):
     from dpace.training.drafter import load_drafter
 
     workdir, _ = smoke_run
-    drafters = sorted((workdir / "results" / "drafters" / "tiny").iterdir())
+    drafters = sorted(path for path in (workdir / "results" / "drafters" / "tiny").iterdir() if path.is_dir())
     assert len(drafters) == 13  # distinct variants across all experiments (shared ones trained once)
     for drafter in drafters:
         model = load_drafter(drafter / "epoch-2")

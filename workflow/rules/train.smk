@@ -50,7 +50,8 @@ rule step_timing:
         mask_token_id=lambda wildcards: config["targets"][wildcards.target].get("mask_token_id"),
         train=train_knobs(config["train"]),
         timing={key: config["timing"][key] for key in ("steps", "warmup_steps", "repeats")},
-        code=script_fingerprint("step_timing.py"),
+        # only the two timed objectives' own code (a new objective elsewhere leaves it as it is)
+        code="+".join(script_fingerprint("step_timing.py", objective) for objective in ("dflash", "dpace")),
     threads: job_threads("step_timing")
     resources:
         **stage_resources("step_timing"),  # a GPU only where the config runs on one (dpace.cluster)
