@@ -762,8 +762,8 @@ def test_gpu_check_quick_cut_takes_a_tokenizer_folder_and_plans_few_jobs(tmp_pat
     )
     assert result.returncode == 0, result.stderr[-2000:]
     total = re.search(r"^total\s+(\d+)$", result.stdout, re.MULTILINE)
-    # 2 benchmarks, target, prompts, answers, features, train, evaluate, metrics, table
-    assert total and int(total.group(1)) <= 11, result.stdout[-2000:]
+    # 2 benchmarks, target, prompts, baseline, answers, features, train, evaluate, speedup timing, metrics, table
+    assert total and int(total.group(1)) <= 12, result.stdout[-2000:]
 
 
 def test_gpu_check_reads_evaluation_paths_like_the_report(tmp_path):

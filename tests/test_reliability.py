@@ -289,7 +289,7 @@ def test_a_failed_metrics_job_leaves_no_table_drawn_from_the_old_numbers(tmp_pat
     summary.write_text("[{")
     metrics = results / "metrics"
     job = SimpleNamespace(
-        params=SimpleNamespace(variants=[{"target": "tiny", "variant": "dflash-d1-b4-e2", "experiment": "main",
+        params=NamedPaths(variants=[{"target": "tiny", "variant": "dflash-d1-b4-e2", "experiment": "main",
                                           "objective": "dflash", "depth": 1, "block_size": 4}]),
         input=NamedPaths(summaries=[str(summary)]), log=[str(tmp_path / "metrics.log")],
         output=NamedPaths(metrics=str(metrics / "main.csv"), blocks=str(metrics / "main_blocks.csv"),

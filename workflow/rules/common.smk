@@ -86,12 +86,14 @@ IMPORTED = sorted({training_data(config, name) for name, t in config["targets"].
 
 
 @functools.cache
-def script_fingerprint(script, objective=None):
+def script_fingerprint(script, *objectives):
     """A job's code fingerprint: every dpace module its script (workflow/scripts/<script>) imports; with
-    ``objective`` (a training job), of dpace.training.objectives only the shared code and that objective's record and
-    weight function, so a new or edited objective retrains only its own drafters."""
+    ``objectives`` (a training job), of dpace.training.objectives only the shared code and those objectives' records
+    and weight functions, so a new or edited objective retrains only its own drafters."""
     path = Path(workflow.basedir) / "workflow" / "scripts" / script
-    return fingerprint.script_fingerprint(path, objective=objective)
+    if not objectives:
+        return fingerprint.script_fingerprint(path)
+    return "+".join(fingerprint.script_fingerprint(path, objective=objective) for objective in objectives)
 
 
 def features_dir(target):

@@ -51,7 +51,7 @@ rule step_timing:
         train=train_knobs(config["train"]),
         timing={key: config["timing"][key] for key in ("steps", "warmup_steps", "repeats")},
         # only the two timed objectives' own code (a new objective elsewhere leaves it as it is)
-        code="+".join(script_fingerprint("step_timing.py", objective) for objective in ("dflash", "dpace")),
+        code=script_fingerprint("step_timing.py", "dflash", "dpace"),
     threads: job_threads("step_timing")
     resources:
         **stage_resources("step_timing"),  # a GPU only where the config runs on one (dpace.cluster)
