@@ -1007,7 +1007,6 @@ def test_estimates_combined_over_three_seeds_cover_at_least_90_percent(monkeypat
     from dpace.report import intervals
 
     monkeypatch.setattr(intervals, "_seed_widening", lambda seeds, tail: 1.0 if seeds > 1 else 0.0)
-    monkeypatch.setattr(claim_measures, "_seed_draws", intervals._seed_draws)
     assert _over_seeds_coverage(3) < 0.90  # a percentile bootstrap over the 3 seeds
 
 

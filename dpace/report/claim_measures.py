@@ -22,7 +22,7 @@ from scipy import stats
 
 from dpace.io import read_json
 from dpace.paths import EVAL_SUMMARY, STEP_TIMING, TIMING
-from dpace.report.intervals import _prompt_sums, _seed_draws, paired_contrast
+from dpace.report.intervals import _prompt_sums, over_seeds, paired_contrast
 from dpace.report.scale import gain_slope
 from dpace.report.timing import (
     AUTOREGRESSIVE,
@@ -156,21 +156,8 @@ def _main_variant(results: Path, objective: str) -> str:
 
 
 def _over_seeds(points: Sequence[float], draws: Sequence[np.ndarray]) -> tuple[float, float, float]:
-    """One estimate per training seed (``points``) with each seed's own bootstrap draws (``draws``, [resamples]
-    each), as one estimate over the seeds: their mean, with an interval whose seed part (seeds drawn) is widened
-    by ``_seed_widening`` as the comparisons' is and whose prompt part is the drawn seeds' own resampling. One
-    seed: its percentile interval."""
-    points, draws = np.asarray(points, float), np.stack(draws)  # [seeds], [seeds, resamples]
-    tail = (1.0 - LEVEL) / 2.0
-    seeds = _seed_draws(len(points), len(points), True, SEED, draws.shape[1], tail)
-    value = float(points.mean())
-    seeds_drawn = points[seeds.ours].mean(axis=1)  # [resamples]
-    both = np.take_along_axis(draws.T, seeds.ours, axis=1).mean(axis=1)
-    resampled = value + seeds.ours_widen * (seeds_drawn - value) + (both - seeds_drawn)
-    if not np.isfinite(draws).any(axis=1).all():  # a seed without an interval of its own: none over the seeds
-        return value, math.nan, math.nan
-    low, high = np.nanquantile(resampled, [tail, 1.0 - tail])
-    return value, float(low), float(high)
+    """``dpace.report.intervals.over_seeds`` at the scorecard's level and seed."""
+    return over_seeds(points, draws, level=LEVEL, seed=SEED)
 
 
 def _bootstrap_draws(samples: Sequence[np.ndarray], statistic: Callable[..., float]) -> tuple[float, np.ndarray]:
@@ -370,30 +357,35 @@ def measure_contrast(claim: dict, results: Path) -> list[Finding]:
 
 def _timed_contrast(claim: dict, results: Path, cell: pd.DataFrame, cell_keys: list, picked: list,
                     benchmark: str) -> Finding:
-    """A contrast of SR from the experiment's timing job: the weighted sum of the picked drafters' SR (their first
-    training seed), its interval over prompts and repeats, and whether the machine repeats it
-    (``dpace.report.timing.contrast_stability``; not: "not measurable on this machine")."""
+    """A contrast of SR from the experiment's timing job: the weighted sum of the picked drafters' SR (each term the
+    mean over its training seeds, seed s of every term paired), its interval over prompts, repeats and seeds, and
+    whether the machine repeats it (``dpace.report.timing.contrast_stability``; not: "not measurable on this
+    machine")."""
     m, first = claim["measure"], cell.iloc[0]
     path = results / TIMING.format(target=first["target"], experiment=m["experiment"])
     if not path.exists() or path.stat().st_size == 0:
         raise NotRun(f"{path.relative_to(results)} not built (SR is measured by the timing job)")
     times = pd.read_csv(path)
     times = times[np.isclose(times["temperature"].astype(float), float(first["temperature"]))]
-    variants = [str(p.iloc[0]["variant"]) for p in picked]
+    variants = [str(p.iloc[0]["variant"]) for p in picked]  # each term named by its first seed
+    terms = [[str(v) for v in p["variant"]] for p in picked]
     weights = [float(t.get("weight", 1.0)) for t in m["terms"]]
-    times = times[times["drafter"].isin({*variants, AUTOREGRESSIVE})]
-    if not set(variants) <= set(times["drafter"]):
-        raise NotRun(f"{path.relative_to(results)} does not time {sorted(set(variants) - set(times['drafter']))}")
-    value, low, high, prompts = timed_contrast(times, variants, weights, benchmark=benchmark, resamples=RESAMPLES,
+    timed = {v for term in terms for v in term}
+    times = times[times["drafter"].isin({*timed, AUTOREGRESSIVE})]
+    if not timed <= set(times["drafter"]):
+        raise NotRun(f"{path.relative_to(results)} does not time {sorted(timed - set(times['drafter']))}")
+    value, low, high, prompts = timed_contrast(times, terms, weights, benchmark=benchmark, resamples=RESAMPLES,
                                                seed=SEED, level=LEVEL)
-    check = contrast_stability(times, variants, weights, resamples=RESAMPLES, seed=SEED, level=LEVEL,
+    check = contrast_stability(times, terms, weights, resamples=RESAMPLES, seed=SEED, level=LEVEL,
                                max_spread=float(m.get("max_spread", MAX_REPEAT_SPREAD)))
+    seeds = len(terms[0])
     estimate = (value, low, high)
     return judged(claim, _cell_label(first[cell_keys]) + ", " + " ".join(f"{w:+g} x {v}" for v, w in zip(
         variants, weights, strict=True)), estimate, estimate, _row_attrs(first, cell_keys),
         key=("contrast", tuple(zip(variants, weights, strict=True)), "speedup", benchmark, first["temperature"]),
-        reference_tau=_dflash_tau(cell), num_prompts=prompts, measurable=check["stable"],
-        note=f"n={prompts} prompts x {check['num_repeats']} repeats (timing job); {stability_note(check)}",
+        reference_tau=_dflash_tau(cell), num_prompts=prompts, measurable=check["stable"], seeds=seeds,
+        note=f"n={prompts} prompts x {check['num_repeats']} repeats (timing job)"
+             + (f", {seeds} training seeds" if seeds > 1 else "") + f"; {stability_note(check)}",
         drafters="contrast (speedup)")
 
 

@@ -120,15 +120,21 @@ def with_timed_speedups(metrics: pd.DataFrame, comparisons: pd.DataFrame, meta: 
                              & (timed["epoch"] == epochs.get(row["variant"]))]
             metrics.loc[at, ["speedup", "ar_tpot_s", "spec_tpot_s"]] = (row["speedup"], row["ar_tpot_s"],
                                                                         row["spec_tpot_s"])
-        drafters = [meta[(target, v)] for v in cell["drafter"].unique() if (target, v) in meta]
+        drafters = [{**meta[(target, v)], "variant": v} for v in cell["drafter"].unique() if (target, v) in meta]
         groups = pd.DataFrame(drafters).groupby(["depth", "block_size"], sort=True) if drafters else []
         for (depth, block_size), group in groups:
-            reference = group[group["objective"] == "dflash"]["variant"]
-            if len(reference) != 1:
-                continue  # no single DFlash drafter to compare with in this cell
-            names = set(group["variant"]) | {AUTOREGRESSIVE}
-            objectives = dict(zip(group["variant"], group["objective"], strict=True))
-            for row in interleaved_comparisons(cell[cell["drafter"].isin(names)], reference.iloc[0], **spread):
+            # train.seeds: a method's variants are its training seeds, compared seed by seed with DFlash's
+            group = group.assign(method=group["method"].fillna(group["variant"]) if "method" in group else group["variant"],
+                                 training_seed=group["training_seed"] if "training_seed" in group else 0)
+            seeds = {method: list(rows.sort_values("training_seed")["variant"])
+                     for method, rows in group.groupby("method", sort=True)}
+            references = group[group["objective"] == "dflash"]["method"].unique()
+            if len(references) != 1 or len({len(s) for s in seeds.values()}) != 1:
+                continue  # no single DFlash method to compare with in this cell (or seeds that do not pair)
+            reference = seeds.pop(references[0])
+            objectives = dict(zip(group["method"], group["objective"], strict=True))
+            names = {*reference, *(v for s in seeds.values() for v in s), AUTOREGRESSIVE}
+            for row in interleaved_comparisons(cell[cell["drafter"].isin(names)], reference, methods=seeds, **spread):
                 new_rows.append({"target": target, "experiment": group["experiment"].iloc[0],
                                  "epoch": epochs.get(row["variant"]), "suite": "full", "temperature": temperature,
                                  "depth": depth, "block_size": block_size, "objective": objectives[row["variant"]],

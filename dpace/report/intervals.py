@@ -180,6 +180,25 @@ def _seed_draws(ours_seeds: int, theirs_seeds: int, paired: bool, seed: int, res
     return _SeedDraws(ours, theirs, _seed_widening(ours_seeds, tail), _seed_widening(theirs_seeds, tail))
 
 
+def over_seeds(points: Sequence[float], draws: Sequence[np.ndarray], *, level: float = 0.95,
+               seed: int = 0) -> tuple[float, float, float]:
+    """One estimate per training seed (``points``) with each seed's own resampled values (``draws``, [resamples]
+    each), as one estimate over the seeds: their mean, with an interval whose seed part (seeds drawn, paired
+    across whatever the estimates contrast) is widened by ``_seed_widening`` as the comparisons' is and whose
+    prompt part is the drawn seeds' own resampling. One seed: its percentile interval."""
+    points, draws = np.asarray(points, float), np.stack(draws)  # [seeds], [seeds, resamples]
+    tail = (1.0 - level) / 2.0
+    seeds = _seed_draws(len(points), len(points), True, seed, draws.shape[1], tail)
+    value = float(points.mean())
+    seeds_drawn = points[seeds.ours].mean(axis=1)  # [resamples]
+    both = np.take_along_axis(draws.T, seeds.ours, axis=1).mean(axis=1)
+    resampled = value + seeds.ours_widen * (seeds_drawn - value) + (both - seeds_drawn)
+    if not np.isfinite(draws).any(axis=1).all():  # a seed without an interval of its own: none over the seeds
+        return value, math.nan, math.nan
+    low, high = np.nanquantile(resampled, [tail, 1.0 - tail])
+    return value, float(low), float(high)
+
+
 def _common_benchmarks(drafters: Sequence[Sequence[dict]], paired_seeds: bool) -> list[str]:
     """The benchmarks every seed of every drafter answered (``drafters[i]``: drafter i's requests by benchmark,
     one dict per training seed); drafters that cannot be compared are refused."""

@@ -16,6 +16,7 @@ from collections.abc import Sequence
 
 import numpy as np
 
+from dpace.report.intervals import over_seeds
 from dpace.timing_records import AUTOREGRESSIVE, TIMING_COLUMNS  # noqa: F401 (re-exported)
 
 
@@ -121,20 +122,50 @@ def timing_stability(times, drafter: str, reference: str, *, resamples: int = 20
                               max_spread=max_spread)
 
 
-def timed_contrast(times, drafters: Sequence[str], weights: Sequence[float], *, benchmark: str = "avg",
+Terms = Sequence["str | Sequence[str]"]
+
+
+def _seed_terms(drafters: Terms) -> list[list[str]]:
+    """Each term as the list of its training seeds' drafters (a single drafter: one seed); every term needs as
+    many seeds, paired seed by seed (seed s of each term trained with the same training seed)."""
+    terms = [[drafter] if isinstance(drafter, str) else [str(d) for d in drafter] for drafter in drafters]
+    if len({len(term) for term in terms}) != 1 or not terms[0]:
+        raise ValueError("paired seeds need as many seeds of each drafter: " + " vs ".join(str(len(t)) for t in terms))
+    return terms
+
+
+def seed_contrasts(times, drafters: Terms, weights: Sequence[float], *, resamples: int = 2000,
+                   seed: int = 0) -> tuple[dict[str, np.ndarray], dict]:
+    """Per benchmark and "avg": sum_i weights[i] x SR of term i's seed s, [1 + resamples, seeds] (row 0 the point
+    estimate); one draw of prompts and repeats is shared by every drafter, as they were timed side by side."""
+    terms = _seed_terms(drafters)
+    seeds = len(terms[0])
+    flat = [drafter for term in terms for drafter in term]
+    tables = _tpot_tables(times, flat)
+    by_seed = np.zeros((len(flat), seeds))  # SR of flat drafter j -> its term's weight at its seed's column
+    for i, weight in enumerate(weights):
+        by_seed[i * seeds + np.arange(seeds), np.arange(seeds)] = float(weight)
+    return {benchmark: values @ by_seed for benchmark, values in _resampled_sr(tables, resamples, seed).items()}, tables
+
+
+def timed_contrast(times, drafters: Terms, weights: Sequence[float], *, benchmark: str = "avg",
                    resamples: int = 2000, seed: int = 0, level: float = 0.95) -> tuple[float, float, float, int]:
     """sum_i weights[i] x SR of ``drafters[i]`` (on ``benchmark``, or averaged over benchmarks) with its interval
-    over prompts and repeats: (value, low, high, prompts)."""
-    tables = _tpot_tables(times, list(drafters))
-    srs = _resampled_sr(tables, resamples, seed)[benchmark] @ np.asarray(weights, dtype=float)
+    over prompts and repeats: (value, low, high, prompts). A term given as its training seeds' drafters is their
+    mean, and the interval covers the seeds too (``dpace.report.intervals.over_seeds``)."""
+    per_seed, tables = seed_contrasts(times, drafters, weights, resamples=resamples, seed=seed)
+    values = per_seed[benchmark]
     prompts = sum(len(t[2]) for t in tables.values()) if benchmark == "avg" else len(tables[benchmark][2])
-    return (float(srs[0]), *_interval(srs[1:], level), prompts)
+    return (*over_seeds(values[0], values[1:].T, level=level, seed=seed), prompts)
 
 
-def contrast_stability(times, drafters: Sequence[str], weights: Sequence[float], *, resamples: int = 2000,
+def contrast_stability(times, drafters: Terms, weights: Sequence[float], *, resamples: int = 2000,
                        seed: int = 0, level: float = 0.95, max_spread: float = MAX_REPEAT_SPREAD) -> dict:
-    """``timing_stability`` of a weighted sum of drafters' average SR (two drafters, +1 and -1: a difference)."""
-    weights = np.asarray(weights, dtype=float)
+    """``timing_stability`` of a weighted sum of drafters' average SR (two drafters, +1 and -1: a difference); a
+    term given as its training seeds' drafters enters as their mean."""
+    terms = _seed_terms(drafters)
+    drafters = [drafter for term in terms for drafter in term]
+    weights = np.repeat(np.asarray(weights, dtype=float) / len(terms[0]), len(terms[0]))
     repeats = np.array(sorted(times["repeat"].unique()))
     tables = _tpot_tables(times, list(drafters))
     per_repeat = np.array([[np.mean([_sr(ar[[i]], spec[d][[i]]) for ar, spec, _ in tables.values()])
@@ -170,29 +201,38 @@ def stability_note(check: dict) -> str:
     return f"{check['reason']} ({text})" if check["reason"] else text
 
 
-def interleaved_comparisons(times, reference: str, *, resamples: int = 2000, seed: int = 0, level: float = 0.95,
+def interleaved_comparisons(times, reference: str | Sequence[str], *, methods: dict[str, Sequence[str]] | None = None,
+                            resamples: int = 2000, seed: int = 0, level: float = 0.95,
                             max_spread: float = MAX_REPEAT_SPREAD) -> list[dict]:
     """Every drafter of one (target, temperature) timing cell against ``reference``: per benchmark and "avg", SR,
     the reference's SR, the difference and its interval over prompts and repeats (``_resampled_sr``), with the
-    stability check of the average (``timing_stability``) on every row of the drafter."""
-    drafters = sorted(d for d in times["drafter"].unique() if d not in (AUTOREGRESSIVE, reference))
-    tables = _tpot_tables(times, [reference, *drafters])
-    srs = _resampled_sr(tables, resamples, seed)
+    stability check of the average (``contrast_stability``) on every row of the drafter.
+
+    ``methods`` ({name: its training seeds' drafters}, ``reference`` then the reference's seeds): one row set per
+    method, SR the mean over its seeds, paired seed by seed with the reference's, the interval covering the seeds
+    too; its ``variant`` is the method's name (the id of its first seed, as the tau comparisons name it). Left
+    out: every other timed drafter, one seed each."""
+    references = [reference] if isinstance(reference, str) else list(reference)
+    if methods is None:
+        methods = {d: [d] for d in sorted(times["drafter"].unique()) if d not in (AUTOREGRESSIVE, *references)}
     rows = []
-    for i, drafter in enumerate(drafters, start=1):
-        check = timing_stability(times, drafter, reference, resamples=resamples, seed=seed, level=level,
-                                 max_spread=max_spread)
-        for benchmark, values in srs.items():
-            differences = values[:, i] - values[:, 0]
-            low, high = _interval(differences[1:], level)
+    for method, seeds in sorted(methods.items()):
+        terms, weights = [list(seeds), references], [1.0, -1.0]
+        check = contrast_stability(times, terms, weights, resamples=resamples, seed=seed, level=level,
+                                   max_spread=max_spread)
+        differences, tables = seed_contrasts(times, terms, weights, resamples=resamples, seed=seed)
+        points = [seed_contrasts(times, [term], [1.0], resamples=0, seed=seed)[0] for term in terms]
+        for benchmark, per_seed in differences.items():
+            difference, low, high = over_seeds(per_seed[0], per_seed[1:].T, level=level, seed=seed)
+            value, ref = (float(point[benchmark][0].mean()) for point in points)
             prompts = sum(len(t[2]) for t in tables.values()) if benchmark == "avg" else len(tables[benchmark][2])
-            value, ref = float(values[0, i]), float(values[0, 0])
-            rows.append({"variant": drafter, "reference_variant": reference, "metric": "speedup", "benchmark": benchmark,
-                         "value": value, "reference_value": ref, "difference": value - ref,
+            rows.append({"variant": method, "reference_variant": references[0], "metric": "speedup",
+                         "benchmark": benchmark, "value": value, "reference_value": ref, "difference": difference,
                          "relative_difference": (value - ref) / ref, "ci_low": low, "ci_high": high,
                          # a timing the machine does not repeat marks nothing significant in the tables
                          "significant": bool((low > 0 or high < 0) and check["stable"]), "num_prompts": int(prompts),
-                         "resamples": int(resamples), "num_repeats": check["num_repeats"],
+                         "resamples": int(resamples), "num_seeds": len(seeds), "reference_num_seeds": len(references),
+                         "seed_pairing": "paired", "num_repeats": check["num_repeats"],
                          "timing_stable": check["stable"], "repeat_spread": check["repeat_spread"],
                          "timing_note": stability_note(check)})
     return rows
