@@ -15,7 +15,7 @@ from transformers import AutoConfig
 
 import dpace.evaluation.evaluate as evaluation
 from dpace.evaluation.evaluate import BLOCK_COLUMNS, load_benchmark, summarize
-from dpace.io import atomic_write_jsonl
+from dpace.io import atomic_write_jsonl, record_checksums
 from dpace.targets import prepare_target, target_checksum
 from dpace.training.drafter import drafter_config, save_drafter
 
@@ -428,6 +428,7 @@ def rewrite_baseline(path, change):
     for record in records:
         change(record)
     atomic_write_jsonl(path, records)
+    record_checksums(path)  # as if the baseline job had written it so (an edit after it is refused)
 
 
 @pytest.fixture(scope="module")
@@ -544,6 +545,7 @@ def test_a_baseline_of_other_settings_or_requests_is_refused(setup, baseline, tm
         )
     partial = tmp_path / "partial.jsonl"
     partial.write_text("".join(path.read_text().splitlines(keepends=True)[:-1]))
+    record_checksums(partial)
     with pytest.raises(ValueError, match="lacks 1 request"):
         run_with_baseline(setup, tmp_path, partial)
     assert not (tmp_path / "summary.json").exists()

@@ -28,7 +28,7 @@ from dpace.evaluation.replay import (
     replay_turn,
     target_features,
 )
-from dpace.io import atomic_write_jsonl
+from dpace.io import DamagedFile, atomic_write_jsonl, record_checksums
 from dpace.targets import chat_prompt_ids, load_target, prepare_target, stop_token_ids
 from dpace.training.drafter import drafter_config, load_drafter, save_drafter
 
@@ -207,10 +207,43 @@ def test_features_recomputed_without_a_shared_file_give_the_same_records(evaluat
     assert not calls  # every request's features came from the baseline job's file
     empty = tmp_path / "empty.pt"
     torch.save({"layer_ids": [], "dtype": "float32", "features": {}}, empty)  # share_features=False writes this
+    record_checksums(empty)
     recomputed = evaluate(evaluation_setup, tmp_path / "recomputed", features_path=empty)
     assert len(calls) == 2 * 3 + 2 * 2  # gsm8k's 3 prompts and MT-Bench's 2 turns, at T = 0 and 1
     assert [r["tau"] for r in recomputed] == [r["tau"] for r in shared]
     assert (tmp_path / "shared" / "blocks.csv").read_text() == (tmp_path / "recomputed" / "blocks.csv").read_text()
+
+
+def test_a_baseline_or_features_file_changed_after_its_job_is_refused_naming_it(evaluation_setup, tmp_path):
+    """Issue 56: the baseline's answers and its shared features are read by content: a flipped byte after the
+    baseline job wrote them is refused, naming the file and what to delete; so is a file no job recorded."""
+    root, target_json, drafter_dir, files, common = evaluation_setup
+    copies = {name: tmp_path / "answers" / name for name in ("base.jsonl", "features.pt")}
+    copies["base.jsonl"].parent.mkdir()
+    for name, copy in copies.items():
+        copy.write_bytes((root / name).read_bytes())
+    record_checksums(*copies.values())
+
+    def run(out: str):
+        return evaluate_drafter(target_json, drafter_dir, files, verification="hard-match", tau="replay",
+                                records_path=tmp_path / out / "r.jsonl", summary_path=tmp_path / out / "summary.json",
+                                blocks_path=tmp_path / out / "blocks.csv", reference_path=copies["base.jsonl"],
+                                features_path=copies["features.pt"], decoded_prompts_per_benchmark=2, **common)
+
+    assert [r["tau"] for r in run("intact")] == [r["tau"] for r in evaluate(evaluation_setup, tmp_path / "original")]
+    for name, copy in copies.items():
+        intact = copy.read_bytes()
+        flipped = bytearray(intact)
+        flipped[len(flipped) // 2] ^= 1
+        copy.write_bytes(bytes(flipped))
+        with pytest.raises(DamagedFile, match=rf"{name}: changed since the autoregressive baseline wrote it.*"
+                                              rf"delete \S*{name} and rerun"):
+            run(f"flipped-{name}")
+        assert not (tmp_path / f"flipped-{name}" / "summary.json").exists()
+        copy.write_bytes(intact)
+    (tmp_path / "answers" / "checksums.json").unlink()
+    with pytest.raises(DamagedFile, match="base.jsonl: no checksums.json beside it"):
+        run("unrecorded")
 
 
 def shifted_features(replay):

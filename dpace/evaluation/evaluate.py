@@ -458,6 +458,8 @@ def measure_baseline(
     if features_path is not None:
         _write_features(features_path, selected, handler, config.shared_features)
     atomic_write_jsonl(out_path, selected)
+    # every evaluation verifies both before it reads them (dpace.evaluation.target_answers)
+    record_checksums(out_path, *([features_path] if features_path is not None else []))
     return selected
 
 

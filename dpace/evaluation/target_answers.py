@@ -12,7 +12,9 @@ import torch
 
 from dpace.evaluation.eval_config import EvalConfig
 from dpace.evaluation.eval_records import Request, prompt_checksum
-from dpace.io import atomic_file, read_partial_jsonl
+from dpace.io import atomic_file, read_partial_jsonl, verify_recorded
+
+MADE_BY = "the autoregressive baseline"  # the job whose outputs these are (record_checksums)
 
 
 def feature_key(record: dict, turn: int) -> str:
@@ -22,6 +24,10 @@ def feature_key(record: dict, turn: int) -> str:
 def atomic_save_torch(path, value) -> None:
     with atomic_file(path) as tmp:
         torch.save(value, tmp)
+
+
+def _remake(path) -> str:
+    return f"delete {path} and rerun (the autoregressive baseline job makes it again, and the evaluations rerun)"
 
 
 def _check_made(records, records_path, **made) -> None:
@@ -40,6 +46,7 @@ def load_baseline(path, *, max_new_tokens: int, seed: int, dtype: str | torch.dt
     """A checksum of a ``measure_baseline`` file (evaluation records remember which baseline they were
     timed against) and its records by ``baseline_key``; ``target``: ``target_checksum``."""
     path = Path(path)
+    verify_recorded(path, what=MADE_BY, fix=_remake(path))  # an edit or a flipped byte after the job wrote it
     records = read_partial_jsonl(path)
     _check_made(records, path, max_new_tokens=max_new_tokens, seed=seed, dtype=str(dtype).removeprefix("torch."),
                 target=target)
@@ -68,6 +75,7 @@ def load_features(path, drafter) -> dict:
     """Shared context features by ``feature_key``, if made for this drafter's layers (else recomputed)."""
     if path is None or not Path(path).exists():
         return {}
+    verify_recorded(path, what=MADE_BY, fix=_remake(path))
     stored = torch.load(path, weights_only=True)
     if list(stored["layer_ids"]) != [int(i) for i in drafter.target_layer_ids]:
         return {}
