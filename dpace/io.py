@@ -4,7 +4,8 @@ Every artifact a later stage reads is written through ``atomic_file`` (one file)
 (a folder of files): the writer fills a hidden temporary sibling (``.<name>.<random>.tmp``) and it
 is renamed into place only when the writer returned. A writer that fails or is killed mid-way leaves
 nothing at the artifact's path (a failed writer also removes its temporary; a SIGKILLed one leaves a
-hidden ``.tmp`` sibling that no stage reads).
+hidden ``.tmp`` sibling that no stage reads, and that the job owning the folder removes when it starts
+again: ``remove_killed_writes``).
 """
 
 from __future__ import annotations
@@ -123,6 +124,20 @@ def atomic_folder(path: str | Path) -> Iterator[Path]:
     except BaseException:
         shutil.rmtree(tmp, ignore_errors=True)
         raise
+
+
+def remove_killed_writes(folder: str | Path) -> list[Path]:
+    """Remove the hidden temporaries (``.<name>.<random>.tmp`` and ``.old``) that writers killed mid-way
+    (SIGKILL, a cluster's time limit) left directly in ``folder``, and return them. Only the job that owns
+    ``folder`` may call it, at its start: another writer's temporary there would be in use."""
+    folder = Path(folder)
+    debris = sorted(entry for entry in folder.glob(".*") if entry.name.endswith((".tmp", ".old")))
+    for entry in debris:
+        if entry.is_dir() and not entry.is_symlink():
+            shutil.rmtree(entry, ignore_errors=True)
+        else:
+            entry.unlink(missing_ok=True)
+    return debris
 
 
 def atomic_write_text(path: str | Path, text: str) -> None:

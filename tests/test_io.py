@@ -15,7 +15,7 @@ import textwrap
 
 import pytest
 
-from dpace.io import atomic_file, atomic_folder, atomic_write_text
+from dpace.io import atomic_file, atomic_folder, atomic_write_text, remove_killed_writes
 
 
 class Interrupted(Exception):
@@ -84,6 +84,11 @@ def test_a_sigkilled_writer_leaves_only_a_hidden_temporary(tmp_path, kind):
     assert not path.exists()
     (leftover,) = tmp_path.iterdir()
     assert leftover.name.startswith(".artifact.") and leftover.name.endswith(".tmp")
+    # The job owning the folder, started again, removes the leftover and nothing else.
+    for name in ("artifact-2", ".snakemake_timestamp"):
+        (tmp_path / name).write_text("kept")
+    assert remove_killed_writes(tmp_path) == [leftover]
+    assert sorted(p.name for p in tmp_path.iterdir()) == [".snakemake_timestamp", "artifact-2"]
 
 
 def test_a_figure_whose_png_fails_leaves_no_png_and_a_complete_pdf(tmp_path, monkeypatch):

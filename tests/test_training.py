@@ -121,6 +121,10 @@ def test_sigkilled_training_resumes_where_it_stopped_to_identical_weights(
     # Nothing the next stage reads looks finished: the step log is still in the scratch folder.
     assert not (interrupted / "steps.jsonl").exists() and not (interrupted / "summary.json").exists()
     epoch_1_written = (interrupted / "epoch-1" / "model.safetensors").stat().st_mtime_ns
+    # What a kill during a checkpoint's write leaves (a cluster's time limit can land there): the rerun removes it.
+    killed_write = interrupted / ".epoch-2.k1ll3d.tmp"
+    killed_write.mkdir()
+    (killed_write / "model.safetensors").write_bytes(b"part of the weights")
 
     taken = count_optimizer_steps(monkeypatch)
     summary = train_drafter(config, target_json=tiny_target_json, features_dir=features_dir, out_dir=interrupted,
@@ -128,6 +132,7 @@ def test_sigkilled_training_resumes_where_it_stopped_to_identical_weights(
     # The rerun continued from the saved step: it took only the 2 steps after it, and left epoch 1 alone.
     assert len(taken) == summary["steps"] - 4 == 2
     assert (interrupted / "epoch-1" / "model.safetensors").stat().st_mtime_ns == epoch_1_written
+    assert sorted(p.name for p in interrupted.iterdir()) == sorted(p.name for p in reference.iterdir())
     for epoch in ("epoch-1", "epoch-2"):
         final_reference, final_resumed = weights(reference / epoch), weights(interrupted / epoch)
         assert final_reference.keys() == final_resumed.keys()

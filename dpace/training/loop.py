@@ -24,7 +24,14 @@ from tqdm import tqdm
 
 from dpace.features import FeatureSet, answer_feature_rms, load_features, target_hidden_states
 from dpace.gpus import device_clock
-from dpace.io import JsonlAppender, atomic_file, atomic_write_jsonl, input_checksum, read_partial_jsonl
+from dpace.io import (
+    JsonlAppender,
+    atomic_file,
+    atomic_write_jsonl,
+    input_checksum,
+    read_partial_jsonl,
+    remove_killed_writes,
+)
 from dpace.paths import EPOCH_DIR
 from dpace.targets import load_target, native_bf16, target_checksum
 from dpace.training.draft_vocab import select_draft_vocab
@@ -240,6 +247,8 @@ def _set_up(config: TrainConfig, objective: str, hparams: dict, *, target_json, 
     torch.set_flush_denormal(True)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)
+    # A previous attempt killed while writing a checkpoint (a cluster's time limit) left its temporary.
+    remove_killed_writes(out_dir)
 
     features, target, mask_token_id, online, needs_target = _load_inputs(config, objective, target_json, features_dir)
     drafter, model, feature_scale = _build_model(config, objective, hparams, features, target, mask_token_id, online)

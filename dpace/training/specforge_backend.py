@@ -56,7 +56,7 @@ from pathlib import Path
 
 import yaml
 
-from dpace.io import atomic_folder, atomic_write_text, write_checksums
+from dpace.io import atomic_folder, atomic_write_text, remove_killed_writes, write_checksums
 from dpace.paths import EPOCH_DIR
 from dpace.training.specforge_run import (
     ALGORITHM_NAME,
@@ -352,6 +352,7 @@ def train_with_specforge(
     out_dir, scratch_dir = Path(out_dir), Path(scratch_dir)
     out_dir.mkdir(parents=True, exist_ok=True)
     scratch_dir.mkdir(parents=True, exist_ok=True)
+    remove_killed_writes(out_dir)  # a previous attempt killed while writing an epoch's checkpoint left its temporary
     if mask_token_id is None:
         mask_token_id = _mask_token_id(target_json, mask_token)
     spec = ObjectiveSpec(settings["objective"], settings.get("objective_hparams") or {},
