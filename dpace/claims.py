@@ -32,7 +32,8 @@ class ClaimsError(ValueError):
 def load_schema(schema_path: str | Path = SCHEMA) -> dict:
     import yaml
 
-    return yaml.safe_load(Path(schema_path).read_text())
+    # libyaml's loader where installed: every Snakemake run (and every job of a cluster run) loads this
+    return yaml.load(Path(schema_path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _key_path(path) -> str:
@@ -157,7 +158,7 @@ def validate_claims(path: str | Path = CLAIMS) -> list[dict]:
     import yaml
 
     try:
-        claims = yaml.safe_load(Path(path).read_text())
+        claims = yaml.load(Path(path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
     except yaml.YAMLError as error:
         raise ClaimsError(f"{path}: not valid YAML: {error}") from None
     return check_claims(claims, path)

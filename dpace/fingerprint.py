@@ -26,6 +26,7 @@ specforge, dflash, sglang) count too, those the job's code imports (the script a
 from __future__ import annotations
 
 import ast
+import functools
 import hashlib
 import json
 from importlib import metadata
@@ -61,7 +62,8 @@ def _with_packages(module: str) -> list[str]:
     return [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
 
 
-def _imported_modules(source: str, package_dir: Path) -> set[str]:
+@functools.lru_cache(maxsize=None)  # by content: every DAG build fingerprints ~25 scripts over the same modules
+def _imported_modules(source: str, package_dir: Path) -> frozenset[str]:
     """Dotted names of the ``dpace`` modules and packages (``"dpace.report.tables.main"``) that ``source``
     imports anywhere, at top level or inside a function or branch, with the packages above them."""
     found = set()
@@ -76,7 +78,7 @@ def _imported_modules(source: str, package_dir: Path) -> set[str]:
         for name in names:
             if module_path(name, package_dir) is not None:
                 found.update(_with_packages(name))
-    return found
+    return frozenset(found)
 
 
 def module_closure(roots, package_dir: Path = PACKAGE_DIR) -> list[str]:
@@ -140,6 +142,7 @@ class _WithoutRecords(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
+@functools.lru_cache(maxsize=None)
 def objective_sources(source: str) -> tuple[str, dict[str, str]]:
     """A module split per objective (``OBJECTIVE_MODULES``) into (the code every objective shares, {objective: its
     own code}).
@@ -196,7 +199,8 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: 
     return digest.hexdigest()[:16]
 
 
-def _imported_packages(source: str) -> set[str]:
+@functools.lru_cache(maxsize=None)
+def _imported_packages(source: str) -> frozenset[str]:
     """Top-level names of every absolute import of ``source`` (``torch`` for ``from torch.nn import Module``)."""
     found = set()
     for node in ast.walk(ast.parse(source)):
@@ -204,7 +208,7 @@ def _imported_packages(source: str) -> set[str]:
             found.update(alias.name.split(".")[0] for alias in node.names)
         elif isinstance(node, ast.ImportFrom) and node.level == 0 and node.module:
             found.add(node.module.split(".")[0])
-    return found
+    return frozenset(found)
 
 
 def package_version(package: str) -> str:

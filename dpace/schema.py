@@ -16,7 +16,8 @@ SCHEMA = Path(__file__).resolve().parents[1] / "workflow" / "schemas" / "config.
 def load_schema(schema_path: str | Path = SCHEMA) -> dict:
     import yaml
 
-    return yaml.safe_load(Path(schema_path).read_text())
+    # libyaml's loader where installed: every Snakemake run (and every job of a cluster run) loads this
+    return yaml.load(Path(schema_path).read_text(), Loader=getattr(yaml, "CSafeLoader", yaml.SafeLoader))
 
 
 def _section_schema(*keys: str) -> dict:
