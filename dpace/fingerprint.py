@@ -62,7 +62,7 @@ def _with_packages(module: str) -> list[str]:
     return [".".join(parts[:n]) for n in range(1, len(parts) + 1)]
 
 
-@functools.lru_cache(maxsize=None)  # by content: every DAG build fingerprints ~25 scripts over the same modules
+@functools.cache  # by content: every DAG build fingerprints ~25 scripts over the same modules
 def _imported_modules(source: str, package_dir: Path) -> frozenset[str]:
     """Dotted names of the ``dpace`` modules and packages (``"dpace.report.tables.main"``) that ``source``
     imports anywhere, at top level or inside a function or branch, with the packages above them."""
@@ -142,7 +142,7 @@ class _WithoutRecords(ast.NodeTransformer):
         return self.generic_visit(node)
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def objective_sources(source: str) -> tuple[str, dict[str, str]]:
     """A module split per objective (``OBJECTIVE_MODULES``) into (the code every objective shares, {objective: its
     own code}).
@@ -199,7 +199,7 @@ def code_fingerprint(*modules: str, package_dir: Path = PACKAGE_DIR, objective: 
     return digest.hexdigest()[:16]
 
 
-@functools.lru_cache(maxsize=None)
+@functools.cache
 def _imported_packages(source: str) -> frozenset[str]:
     """Top-level names of every absolute import of ``source`` (``torch`` for ``from torch.nn import Module``)."""
     found = set()
