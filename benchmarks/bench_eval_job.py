@@ -6,7 +6,7 @@ prompt counts. The target's reference answers and features (the ``autoregressive
 cached; then ``evaluate_drafter`` runs with the ``eval`` settings of config.yaml, or the ones given, and its wall
 time is printed. Run it with two checkouts' PYTHONPATH to compare their evaluation jobs on the same inputs:
 
-    PYTHONPATH=. python benchmarks/bench_eval_job.py --threads 2 [--decoded 2 --sampled-decoded 1]
+    PYTHONPATH=. python benchmarks/bench_eval_job.py --threads 2 [--decoded 2]
 """
 
 from __future__ import annotations
@@ -34,7 +34,6 @@ def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--threads", type=int, default=2)
     parser.add_argument("--decoded", type=int, default=None, help="eval.decoded_prompts_per_benchmark")
-    parser.add_argument("--sampled-decoded", type=int, default=None, help="eval.sampled_decoded_prompts_per_benchmark")
     parser.add_argument("--timed-prompts", type=int, default=2, help="reference answers decoded batch-1")
     parser.add_argument("--benchmarks", nargs="+", default=None, help="default: config.yaml's")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per benchmark (default: config.yaml's)")
@@ -74,9 +73,7 @@ def main() -> None:
                                                      num_target_features=config["features"]["num_target_features"],
                                                      feature_window=train["sliding_window"]))
         print(f"baseline job (once per target): {time.perf_counter() - started:.1f} s")
-    overrides = {key: value for key, value in (("decoded_prompts_per_benchmark", args.decoded),
-                                               ("sampled_decoded_prompts_per_benchmark", args.sampled_decoded))
-                 if value is not None}
+    overrides = {} if args.decoded is None else {"decoded_prompts_per_benchmark": args.decoded}
     eval_config = EvalConfig.from_config({**section, **overrides}, seed=config["seed"], tau="replay")
     with tempfile.TemporaryDirectory() as out:
         started = time.perf_counter()

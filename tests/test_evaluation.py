@@ -344,6 +344,27 @@ def test_sampled_prompts_limit_only_the_sampled_temperatures(setup, tmp_path, mo
         ("gsm8k", 0.0): 2, ("gsm8k", 1.0): 1, ("mt-bench", 0.0): 2, ("mt-bench", 1.0): 1}
 
 
+@pytest.mark.parametrize("per_benchmark", [1, 2, 3])
+@pytest.mark.parametrize("temperatures", [(0.0,), (0.0, 1.0), (1.0, 0.0, 0.7)])
+def test_replays_exactness_check_decodes_n_prompts_a_benchmark_the_temperatures_in_turn(per_benchmark, temperatures):
+    """Issue 55: a decode is most of a replayed evaluation's time, so the check decodes N prompts a benchmark (not
+    N a temperature): the first N prompts, each at one temperature, taken in turn so every temperature is checked."""
+    from dpace.evaluation.eval_config import EvalConfig
+
+    config = EvalConfig.from_config({"temperatures": list(temperatures), "decoded_prompts_per_benchmark": per_benchmark,
+                                     "max_new_tokens": 8}, seed=0)
+    ranks = range(6)
+    decoded = {(rank, index, t) for rank in ranks for index in range(10) for t in temperatures
+               if config.decodes(rank, index, t)}
+    for rank in ranks:
+        mine = sorted((index, t) for r, index, t in decoded if r == rank)
+        assert [index for index, _ in mine] == list(range(per_benchmark))  # the first N prompts, each once
+    at = {t: sum(1 for *_, u in decoded if u == t) for t in temperatures}
+    assert sum(at.values()) == len(ranks) * per_benchmark
+    assert max(at.values()) - min(at.values()) <= 1 or len(ranks) * per_benchmark < len(temperatures)
+    assert all(at.values()) or len(ranks) * per_benchmark < len(temperatures)  # every temperature is checked
+
+
 def test_tau_counts_and_greedy_divergence_verdicts():
     """tau per DFlash's benchmark (accepted + 1, the stop token's step too) or per emitted tokens;
     T=0 divergences below the tie margin are ties, the others failures, each with its margin."""

@@ -153,3 +153,23 @@ def test_the_default_profile_reruns_incomplete_jobs():
     assert profile == {"rerun-incomplete": True}
     for name in ("local", "slurm"):  # an explicit profile replaces the default one: it sets the key too
         assert yaml.safe_load((REPO / "workflow" / "profiles" / name / "profile.yaml").read_text())["rerun-incomplete"]
+
+
+@pytest.mark.parametrize("tau", ["replay", "decode"])
+def test_a_local_cpu_run_gives_replayed_evaluations_one_thread_and_timed_jobs_every_core(tmp_path, tau):
+    """Issue 55: a replayed evaluation times nothing and its batch-1 decodes gain little from a second thread, so
+    --cores N runs N side by side; a job that times (an evaluation under tau: decode, the speedup timing) keeps
+    every core, so that nothing runs beside it."""
+    override = tmp_path / "override.yaml"
+    override.write_text(yaml.safe_dump({"eval": {"tau": tau}}))
+    command = [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(tmp_path),
+               "--configfile", str(REPO / "config.yaml"), str(override), "--cores", "4", "-n", "--",
+               "results/table_main.tex"]
+    result = subprocess.run(command, capture_output=True, text=True, timeout=300)
+    assert result.returncode == 0, result.stdout[-3000:] + result.stderr[-3000:]
+    cores = {}
+    for rule, resources in planned_jobs(result.stdout + result.stderr):
+        if "cpus_per_task" in resources:
+            cores.setdefault(rule, set()).add(int(resources["cpus_per_task"]))
+    assert cores["evaluate"] == ({1} if tau == "replay" else {4})
+    assert cores["train_drafter"] == {4} and cores["speedup_timing"] == {4}

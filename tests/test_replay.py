@@ -183,15 +183,22 @@ def evaluate(setup, out, **kwargs):
 
 def test_replayed_evaluation_checks_every_decoded_request(evaluation_setup, tmp_path):
     summary = evaluate(evaluation_setup, tmp_path)
+    # decoded: the first 2 prompts of each benchmark, each at one temperature taken in turn (EvalConfig.decodes):
+    # gsm8k (ranked 0) prompt 0 at T = 0 and prompt 1 at T = 1; mt-bench (ranked 1) its one prompt (two turns) at T = 1
+    decoded = {("gsm8k", 0.0): 1, ("gsm8k", 1.0): 1, ("mt-bench", 0.0): 0, ("mt-bench", 1.0): 2}  # decoded turns
+    assert {(row["benchmark"], row["temperature"]) for row in summary} == set(decoded)
     for row in summary:
+        turns = decoded[row["benchmark"], row["temperature"]]
         check = row["replay_check"]
-        decoded = 2 if row["benchmark"] == "gsm8k" else 2  # two prompts, or one prompt of two turns
-        assert check["requests_compared"] == decoded and check["failures"] == 0
-        assert check["equal"] == decoded  # fp32: not even a near-tie
+        if turns == 0:
+            assert check is None
+        else:
+            assert check["requests_compared"] == turns and check["failures"] == 0
+            assert check["equal"] == turns  # fp32: not even a near-tie
         # the decoded requests are the exactness check only: nothing timed against the target (SR: timing_run)
         assert row["tau_source"] == "replay" and row["num_timed_requests"] == 0 and row["speedup"] is None
-        assert row["num_requests"] == (3 if row["benchmark"] == "gsm8k" else 2)
-        assert [r["spec_tpot_s"] is None for r in row["requests"]].count(True) == row["num_requests"] - decoded
+        assert row["num_requests"] == (3 if row["benchmark"] == "gsm8k" else 2)  # MT-Bench: one prompt's two turns
+        assert [r["spec_tpot_s"] is None for r in row["requests"]].count(True) == row["num_requests"] - turns
         assert all(r["ar_tpot_s"] is None for r in row["requests"])
     records = [json.loads(line) for line in (tmp_path / "r.jsonl").read_text().splitlines()]
     assert any(b["accepted"] > 0 for r in records for t in r["turns"] for b in t["blocks"])

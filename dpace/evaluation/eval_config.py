@@ -48,7 +48,6 @@ class EvalConfig:
     tau: str
     decoded_prompts_per_benchmark: int
     shared_features: bool
-    sampled_decoded_prompts_per_benchmark: int | None
     baseline: str
 
     @classmethod
@@ -76,12 +75,18 @@ class EvalConfig:
         """The settings a per-prompt record was made with (``dpace.io.current_records``), JSON-shaped."""
         return json_shaped(asdict(self))
 
-    def decoded_prompts(self, temperature: float) -> int:
-        """How many prompts of each benchmark replayed tau also decodes for real at ``temperature``."""
-        count = self.decoded_prompts_per_benchmark
-        if temperature > 0 and self.sampled_decoded_prompts_per_benchmark is not None:
-            count = self.sampled_decoded_prompts_per_benchmark
-        return count or 0
+    def decodes(self, benchmark_rank: int, index: int, temperature: float) -> bool:
+        """Whether replayed tau also decodes this request for real (its exactness check).
+
+        The first ``decoded_prompts_per_benchmark`` prompts of each benchmark, the temperatures taken in turn:
+        prompt ``index`` of the benchmark ranked ``benchmark_rank`` (its place among the evaluation's benchmark
+        names, sorted) is decoded at temperature ``(benchmark_rank + index) mod len(temperatures)`` (ascending).
+        So N decodes a benchmark (a decode is most of an evaluation's time) and every temperature is checked.
+        """
+        if index >= self.decoded_prompts_per_benchmark:
+            return False
+        temperatures = sorted(set(self.temperatures))
+        return temperatures[(benchmark_rank + index) % len(temperatures)] == float(temperature)
 
 
 @dataclass(frozen=True, kw_only=True)

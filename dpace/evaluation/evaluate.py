@@ -25,8 +25,8 @@ baseline file each evaluation times the target itself, prompt by prompt, in the 
 With ``tau="replay"`` (``eval.tau``, the default) tau comes from every prompt without decoding it:
 the target's answers and features (``measure_baseline``, once per target) are replayed by each drafter
 (``dpace.evaluation.replay``), and only the first ``decoded_prompts_per_benchmark`` prompts of each benchmark are decoded for
-real: SR comes from them, and their steps are compared with the replayed ones, a difference beyond a
-near-tie failing the job (``ReplayMismatch``). At T > 0 hard-match samples the target keyed by
+real, each at one temperature (``EvalConfig.decodes``; SR comes from the timing jobs), and their steps are compared
+with the replayed ones, a difference beyond a near-tie failing the job (``ReplayMismatch``). At T > 0 hard-match samples the target keyed by
 request and position, so the decoded and the replayed answer are the same sample.
 
 The job is resumable (``dpace.evaluation.requests.run_requests``): one record per finished prompt is
@@ -273,18 +273,19 @@ class _Decode(_Local):
 
 
 class _Replay(_Decode):
-    """Every turn's steps replayed over the target's answer (``references``); the first
-    ``config.decoded_prompts(T)`` prompts also decoded for real (speculatively only, untimed: SR is the timing
+    """Every turn's steps replayed over the target's answer (``references``); the requests
+    ``config.decodes`` names (one temperature each) also decoded for real (speculatively only, untimed: SR is the timing
     job's) and checked step for step."""
 
     def __init__(self, target_json, drafter_dir, config, device, baseline, references: dict, features_path,
-                 compare_steps):
+                 compare_steps, benchmarks):
         super().__init__(target_json, drafter_dir, config, device, baseline)
         self.references, self.features_path, self.compare_steps = references, features_path, compare_steps
         self.features = {}
+        self.benchmark_ranks = {name: rank for rank, name in enumerate(sorted(benchmarks))}
 
     def decodes(self, request: Request) -> bool:
-        return request.index < self.config.decoded_prompts(request.temperature)
+        return self.config.decodes(self.benchmark_ranks[request.benchmark], request.index, request.temperature)
 
     @contextlib.contextmanager
     def session(self, pending):
@@ -533,9 +534,9 @@ def evaluate_drafter(
     every request's steps are replayed over the target's answer (``dpace.evaluation.replay``) from
     ``answers.reference`` (a ``measure_baseline`` file made with an overrun; ``answers.features`` its
     features, recomputed here when absent or made for other layers), and only the first
-    ``decoded_prompts_per_benchmark`` prompts of each benchmark and temperature
-    (``sampled_decoded_prompts_per_benchmark`` at T > 0, None: the same) are decoded for real: their times
-    give SR, and their step lengths are compared with the replayed ones (``compare_steps``,
+    ``decoded_prompts_per_benchmark`` prompts of each benchmark, each at one temperature taken in turn
+    (``EvalConfig.decodes``), are decoded for real (untimed: SR is the timing jobs'), and their step lengths
+    are compared with the replayed ones (``compare_steps``,
     ``dpace.evaluation.replay.compare_replay``). A difference that is not a near-tie fails the evaluation
     (``ReplayMismatch``, naming the request and answer position) after the records are written.
 
@@ -560,7 +561,7 @@ def evaluate_drafter(
             "references": references_id, "sampling": "keyed"}
     if config.tau == "replay":
         handler = _Replay(target_json, drafter_dir, config, device, baseline, references, answers.features,
-                          compare_steps)
+                          compare_steps, benchmarks=benchmark_files)
     else:
         handler = _Decode(target_json, drafter_dir, config, device, baseline)
     selected = run_requests(plan, Records(records_path, made), keyed_by(config.verification), handler)

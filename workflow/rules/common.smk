@@ -52,10 +52,10 @@ SCRATCH = f"{RESULTS}/scratch"
 def job_threads(stage):
     """Threads of a heavy job of rule ``stage``: every core unless the config says otherwise, so two timing
     jobs never share the CPU (and skew each other's speedup); the smoke config uses 1 to run jobs side by
-    side. A run that gives no core count (a cluster executor, which leaves `workflow.cores` unset, or
-    `snakemake --unlock`) takes the stage's cores from the SLURM profile's stage table (dpace.cluster:
-    workflow/profiles/slurm/stages.yaml, at most DPACE_SLURM_CPUS); each SLURM job asks for as many
-    cores as it has threads (stage_resources)."""
+    side, and so does an untimed CPU job that gains little from more (``one_thread_each``). A run that gives
+    no core count (a cluster executor, which leaves `workflow.cores` unset, or `snakemake --unlock`) takes
+    the stage's cores from the SLURM profile's stage table (dpace.cluster: workflow/profiles/slurm/stages.yaml,
+    at most DPACE_SLURM_CPUS); each SLURM job asks for as many cores as it has threads (stage_resources)."""
 
     def threads(wildcards):
         if config["job_threads"]:
@@ -64,10 +64,19 @@ def job_threads(stage):
         # would: use_threads) or one of its jobs (remote, given --cores all of the node): the stage's cores.
         submitted = not workflow.local_exec or workflow.remote_exec or workflow.execution_settings.use_threads
         if not submitted and workflow._cores:
-            return workflow._cores
+            return 1 if one_thread_each(stage) else workflow._cores
         return cluster.stage_cpus(stage)
 
     return threads
+
+
+def one_thread_each(stage):
+    """A local CPU job that times nothing and gains little from more threads runs on one, so that --cores N runs N
+    side by side: a replayed evaluation (SR is the timing jobs'), whose batch-1 exactness-check decodes are bound by
+    memory bandwidth (measured on 2 cores: 73 s on 2 threads, 103 s on 1, two side by side in 110 s instead of
+    about 150; docs/measurements.md)."""
+    return (stage == "evaluate" and config["eval"]["tau"] == "replay" and config["eval"]["backend"] == "local"
+            and not cluster.stage_gpus(stage, config))
 
 
 def stage_resources(stage):
@@ -261,7 +270,7 @@ def shared_baseline(wildcards):
 # baseline job computes once per target; a suite it does not cover (MATH-500 not benchmarked) decodes.
 REPLAY_OVERRUN = max(v.block_size for v in VARIANTS.values()) - 1
 BASELINE_TIMED_PROMPTS = (
-    max(config["eval"]["decoded_prompts_per_benchmark"], config["eval"]["sampled_decoded_prompts_per_benchmark"] or 0)
+    config["eval"]["decoded_prompts_per_benchmark"]
     if config["eval"]["tau"] == "replay" and config["eval"]["verification"] == "hard-match" else None
 )
 
