@@ -350,8 +350,7 @@ def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slu
     local_log, cluster_log = tmp_path / "local.log", tmp_path / "cluster.log"
     local = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(local_dir), "--configfile",
-         str(config), "--replace-workflow-config", "--cores", cpus, "--set-threads", f"train_drafter={cpus}", target],
-        # threads: the SLURM job's (a local CPU training takes one, workflow/rules/common.smk one_thread_each)
+         str(config), "--replace-workflow-config", "--cores", cpus, target],  # threads = the node's cores
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=local_log.open("w"), stderr=subprocess.STDOUT)
     options = [a for a in submit[1:-1] if a != "--"]  # README's options, its target replaced
     args = [*options, "--retries", "2", "--set-resources", "train_drafter:runtime=[60, 1, 60][attempt - 1]", "--",

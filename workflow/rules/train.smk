@@ -50,9 +50,6 @@ rule step_timing:
         mask_token_id=lambda wildcards: config["targets"][wildcards.target].get("mask_token_id"),
         train=train_knobs(config["train"]),
         timing={key: config["timing"][key] for key in ("steps", "warmup_steps", "repeats")},
-        # the training jobs' threads (one on a local CPU: common.smk one_thread_each): the step as the drafters train it,
-        # while the job itself holds every core, so that nothing runs beside it
-        step_threads=lambda wildcards: job_threads("train_drafter")(wildcards),
         # only the two timed objectives' own code (a new objective elsewhere leaves it as it is)
         code=script_fingerprint("step_timing.py", "dflash", "dpace"),
     threads: job_threads("step_timing")

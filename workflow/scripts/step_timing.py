@@ -13,7 +13,7 @@ mask_token_id = None if params.mask_token_id is None else int(params.mask_token_
 # The timing lock (one per device) for the whole job: no other timing job runs on this device meanwhile.
 with torch_device_slot(snakemake.resources.get("gpu", 0)) as device, machine_lock(timing_lock(device)):
     configs = {name: TrainConfig.from_config(params.train, **settings, seed=params.seed, mask_token_id=mask_token_id,
-                                             threads=params.step_threads, device=device)
+                                             threads=snakemake.threads, device=device)
                for name, settings in params.settings.items()}
     times = interleaved_steps(configs, target_json=snakemake.input.target, features_dir=snakemake.input.features,
                               steps=params.timing["steps"], repeats=params.timing["repeats"],
