@@ -117,8 +117,9 @@ def replay_hours(costs: StepCosts, answer_tokens: int, *, prompt_tokens: int = 1
                  decoded_prompts_per_benchmark: int = 0) -> dict[str, float]:
     """Table 1 by replay: per temperature the target's answers (batch-1 AR) and one target forward over
     prompt + answer per request; per drafter one pass scoring a block at every answer position.
-    ``decoded_prompts_per_benchmark``: the subset every drafter also decodes for real (SR, exactness
-    check); speculative only, because the batch-1 AR answers are its autoregressive baseline."""
+    ``decoded_prompts_per_benchmark``: the exactness check's subset that every drafter also decodes for real
+    (``eval.decoded_prompts_per_benchmark``): N prompts a benchmark, each at one temperature (the temperatures
+    in turn, ``EvalConfig.decodes``); speculative only, because the batch-1 AR answers are its reference."""
     total_requests = sum(requests().values())
     sequence = prompt_tokens + answer_tokens
     if estimate == "bound":
@@ -135,27 +136,43 @@ def replay_hours(costs: StepCosts, answer_tokens: int, *, prompt_tokens: int = 1
     answers = temperatures * total_requests * answer_tokens * costs.ar_token_s
     features = temperatures * total_requests * target_forward
     drafter = drafters * total_requests * drafter_pass
-    subset = decoded_prompts_per_benchmark * len(PROMPTS) / sum(PROMPTS.values())  # the decoded share of prompts
+    # the decoded share of the speculative decoding of every prompt at every temperature
+    subset = prompt_share(decoded_prompts_per_benchmark) / temperatures
     decoded = subset * decoding_hours(costs, answer_tokens)["speculative"] * 3600
     return {"answers": answers / 3600, "features": features / 3600, "drafters": drafter / 3600,
             "decoded_subset": decoded / 3600, "total": (answers + features + drafter + decoded) / 3600,
             "target_forward_s": target_forward, "drafter_pass_s": drafter_pass}
 
 
+def prompt_share(prompts_per_benchmark: int) -> float:
+    """The share of Table 1's prompts that ``prompts_per_benchmark`` a benchmark are."""
+    return prompts_per_benchmark * len(PROMPTS) / sum(PROMPTS.values())
+
+
+def timing_hours(costs: StepCosts, answer_tokens: int, *, prompts_per_benchmark: int, repeats: int) -> float:
+    """SR (the ``timing`` section): at every temperature, ``prompts_per_benchmark`` prompts a benchmark decoded
+    batch-1 by the target alone and by every drafter, ``repeats`` times (``dpace.evaluation.timing_run``)."""
+    hours = decoding_hours(costs, answer_tokens, ar_per_drafter=False)
+    return repeats * prompt_share(prompts_per_benchmark) * (hours["speculative"] + hours["autoregressive"])
+
+
 def main(argv=None) -> list[dict]:
     parser = argparse.ArgumentParser(description=__doc__.splitlines()[0])
     parser.add_argument("--answer-tokens", type=int, default=MAX_NEW_TOKENS, help="mean answer length")
     parser.add_argument("--prompt-tokens", type=int, default=150, help="mean prompt length (chat template included)")
-    parser.add_argument("--decoded-prompts", type=int, default=8,
-                        help="prompts per benchmark that every drafter also decodes (SR, exactness check)")
+    parser.add_argument("--decoded-prompts", type=int, default=1,
+                        help="eval.decoded_prompts_per_benchmark: the exactness check's decodes (paper.yaml: 1)")
+    parser.add_argument("--timed-prompts", type=int, default=8, help="timing.prompts_per_benchmark (paper.yaml: 8)")
+    parser.add_argument("--repeats", type=int, default=4, help="timing.repeats (paper.yaml: 4)")
     args = parser.parse_args(argv)
     rows = []
     print(f"Table 1 evaluation, {sum(requests().values())} requests x {len(TEMPERATURES)} temperatures x "
           f"{len(PAPER_TAU) // len(TEMPERATURES)} drafters, answers of {args.answer_tokens} tokens; GPU-hours")
     print(f"achieved FLOP rate of the Table 7 iteration: {achieved_flops_per_s() / 1e12:.0f} TFLOP/s")
     print("| decoder | decoding (AR per drafter) | decoding (AR shared) | replay, bound | replay, throughput "
-          f"| + {args.decoded_prompts} decoded prompts/benchmark (throughput) |")
-    print("|---|---:|---:|---:|---:|---:|")
+          f"| + exactness check ({args.decoded_prompts} decoded prompt(s)/benchmark) "
+          f"| SR timing ({args.timed_prompts} prompts/benchmark x {args.repeats} repeats) |")
+    print("|---|---:|---:|---:|---:|---:|---:|")
     for costs in DECODERS:
         row = {
             "decoder": costs.name,
@@ -166,19 +183,21 @@ def main(argv=None) -> list[dict]:
             "replay_with_subset": replay_hours(costs, args.answer_tokens, prompt_tokens=args.prompt_tokens,
                                                estimate="throughput",
                                                decoded_prompts_per_benchmark=args.decoded_prompts),
+            "timing": timing_hours(costs, args.answer_tokens, prompts_per_benchmark=args.timed_prompts,
+                                   repeats=args.repeats),
         }
         rows.append(row)
         print(f"| {costs.name} | {row['decoding']:.1f} | {row['decoding_shared_ar']:.1f} | "
               f"{row['replay_bound']['total']:.1f} | {row['replay_throughput']['total']:.1f} | "
-              f"{row['replay_with_subset']['total']:.1f} |")
+              f"{row['replay_with_subset']['total']:.1f} | {row['timing']:.1f} |")
     for row in rows:
         for estimate in ("bound", "throughput"):
             parts = row[f"replay_{estimate}"]
             print(f"{row['decoder']} replay ({estimate}): answers {parts['answers']:.2f} h, features "
                   f"{parts['features']:.2f} h, drafters {parts['drafters']:.2f} h; per request: target forward "
                   f"{1000 * parts['target_forward_s']:.1f} ms, drafter pass {1000 * parts['drafter_pass_s']:.1f} ms")
+        print(f"{row['decoder']} exactness check: {row['replay_with_subset']['decoded_subset']:.2f} h")
     return rows
-
 
 if __name__ == "__main__":
     main()

@@ -45,3 +45,22 @@ def test_replay_throughput_estimate_uses_the_measured_training_rate():
     assert parts["drafter_pass_s"] == pytest.approx(2048 * cost.TABLE7_ITERATION_S / 3 / 1024, rel=0.05)
     assert cost.replay_hours(OURS, 8, estimate="throughput")["target_forward_s"] == OURS.ar_token_s  # launch-bound floor
     assert parts["total"] < cost.decoding_hours(OURS, 2048, ar_per_drafter=False)["total"] / 4
+
+
+def test_exactness_check_decodes_n_prompts_a_benchmark_at_one_temperature_each():
+    # 6 benchmarks x 2 prompts = 12 of 756 prompts, each at one of the two temperatures: 12 / 756 / 2 of the
+    # speculative decoding of every prompt at every temperature, and nothing of the AR part.
+    without = cost.replay_hours(OURS, 100, estimate="bound")
+    parts = cost.replay_hours(OURS, 100, estimate="bound", decoded_prompts_per_benchmark=2)
+    speculative = cost.decoding_hours(OURS, 100)["speculative"]
+    assert parts["decoded_subset"] == pytest.approx(12 / 756 / 2 * speculative)
+    assert parts["total"] == pytest.approx(without["total"] + parts["decoded_subset"])
+    assert without["decoded_subset"] == 0
+
+
+def test_sr_timing_decodes_the_timed_prompts_by_the_target_and_every_drafter_each_repeat():
+    shared = cost.decoding_hours(OURS, 100, ar_per_drafter=False)
+    assert cost.timing_hours(OURS, 100, prompts_per_benchmark=8, repeats=4) == pytest.approx(
+        4 * 48 / 756 * (shared["speculative"] + shared["autoregressive"]))
+    assert cost.timing_hours(OURS, 100, prompts_per_benchmark=8, repeats=2) == pytest.approx(
+        cost.timing_hours(OURS, 100, prompts_per_benchmark=4, repeats=4))
