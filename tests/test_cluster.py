@@ -1,6 +1,6 @@
 """Cluster submission (issue 57): what each job asks SLURM for (dry runs through the SLURM executor
 plugin's own sbatch builder), and real submissions to a one-node SLURM cluster with accounting
-(workflow/cluster/slurm.sh): the smoke DAG, a cancelled and a timed-out training job, a killed Snakemake.
+(workflow/cluster/slurm.sh): the smoke `all`, a cancelled and a timed-out training job, a killed Snakemake.
 
 The real-cluster tests need root and apt-get (the script installs slurm-wlm, slurmdbd, munge and
 mariadb-server); DPACE_SKIP_CLUSTER=1 skips them, except under CI=true, where they always run."""
@@ -156,8 +156,12 @@ def test_cpu_configs_ask_no_gpu_and_fit_the_node_the_environment_names(tmp_path)
 # ---------------------------------------------------------------------------------------------------------
 # A real one-node cluster (workflow/cluster/slurm.sh): submissions through workflow/profiles/slurm
 
+TARGET = "all"  # the smoke config's every table, figure and the scorecard
 TABLE = "results/table_main.tex"
-TIMING = ["speedup", "ar_tpot_s", "spec_tpot_s"]  # measured times: the only columns two runs may differ in
+# measured times: the only metrics, columns and tables two runs may differ in (SR, decode and training times)
+TIMING = ["speedup", "ar_tpot_s", "spec_tpot_s", "time_per_epoch_s", "time_per_step_s", "step_time_s"]
+TIMED_TABLES = {"table_main", "table_cross_model", "table_block_size", "table_target_prob", "table_training_time"}
+TIMED_FILES = ("step-timing.csv",)  # the drafters folder's Table 7 step timing
 
 
 @pytest.fixture(scope="module")
@@ -239,7 +243,8 @@ def same_drafters(first: Path, second: Path) -> None:
     """Every drafter's weights and checksum sidecars byte for byte, and its per-step losses."""
     # steps.jsonl and summary.json hold wall times, and the drafter's checksums.json their checksums
     digests = [{k: v for k, v in file_digests(r / "results", "drafters").items()
-                if not k.endswith(("steps.jsonl", "summary.json", "/checksums.json"))} for r in (first, second)]
+                if not k.endswith(("steps.jsonl", "summary.json", "/checksums.json", *TIMED_FILES))}
+               for r in (first, second)]
     assert digests[0] and digests[0] == digests[1]
     for steps in sorted((first / "results" / "drafters").rglob("steps.jsonl")):
         other = second / steps.relative_to(first)
@@ -248,20 +253,20 @@ def same_drafters(first: Path, second: Path) -> None:
 
 
 @pytest.fixture(scope="module")
-def table_1_runs(slurm, tmp_path_factory, mirror) -> dict:
-    """README's cluster lines on Table 1 of the smoke config (only the environment changes: account,
+def smoke_all_runs(slurm, tmp_path_factory, mirror) -> dict:
+    """README's cluster lines on `all` of the smoke config (only the environment changes: account,
     partition, node size), with the submitting Snakemake killed mid-way (SIGKILL: a closed login session)
     and README's recovery lines; and a local run of the same config, at the same time."""
-    tmp_path = tmp_path_factory.mktemp("table_1")
+    tmp_path = tmp_path_factory.mktemp("smoke_all")
     submit, unlock, again = readme_cluster_commands()
     assert submit == again and unlock == ["snakemake", "--unlock"], (submit, unlock, again)
-    assert submit[-1] == TABLE and "--workflow-profile" in submit
+    assert submit[-1] == TARGET and "--workflow-profile" in submit
     config = write_config(tmp_path)
     local_dir, cluster_dir = tmp_path / "local", tmp_path / "cluster"
     local_log, cluster_log = tmp_path / "local.log", tmp_path / "cluster.log"
     local = subprocess.Popen(
         [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(local_dir), "--configfile",
-         str(config), "--replace-workflow-config", "--cores", "2", TABLE],
+         str(config), "--replace-workflow-config", "--cores", "2", TARGET],
         env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=local_log.open("w"), stderr=subprocess.STDOUT)
     run = cluster_run(cluster_dir, config, submit[1:], slurm, cluster_log)
     deadline = time.monotonic() + 900
@@ -279,15 +284,16 @@ def table_1_runs(slurm, tmp_path_factory, mirror) -> dict:
             "cluster_text": cluster_log.read_text(errors="replace")}
 
 
-@pytest.mark.slow  # a SLURM run and a local run of Table 1's smoke DAG (about 5 minutes)
-def test_table_1_through_slurm_equals_a_local_run_after_a_killed_snakemake(table_1_runs):
+@pytest.mark.slow  # a SLURM run and a local run of the smoke `all` (about 8 minutes)
+def test_smoke_all_through_slurm_equals_a_local_run_after_a_killed_snakemake(smoke_all_runs):
     """Every job but the local rules ran as one SLURM job (sacct, by its rule), the killed run recovered
-    with README's lines, and drafters, metrics and Table 1 equal the local run's."""
-    local_dir, cluster_dir = table_1_runs["local"], table_1_runs["cluster"]
+    with README's lines, and drafters, every metrics CSV and every table equal the local run's (but for
+    what is timed: SR, decode and training times)."""
+    local_dir, cluster_dir = smoke_all_runs["local"], smoke_all_runs["cluster"]
     # sacct: every non-local job of the run's plan completed as a SLURM job named by its rule; a job runs
     # twice only when it was running as Snakemake died (its rerun is the recovery's)
-    rows = sacct(slurm_ids(table_1_runs["cluster_text"]))
-    stats = table_1_runs["local_text"].split("Job stats:")[1]
+    rows = sacct(slurm_ids(smoke_all_runs["cluster_text"]))
+    stats = smoke_all_runs["local_text"].split("Job stats:")[1]
     planned = {rule: int(n) for rule, n in re.findall(r"^(\w+)\s+(\d+)$", stats, re.M)
                if rule not in LOCAL_RULES and rule != "total"}
     completed: dict[str, set[str]] = {}
@@ -295,26 +301,32 @@ def test_table_1_through_slurm_equals_a_local_run_after_a_killed_snakemake(table
         if row["State"] == "COMPLETED":
             completed.setdefault(rule_of(row["Comment"]), set()).add(row["Comment"])
     assert {rule: len(c) for rule, c in completed.items()} == planned, rows
-    killed_ids = set(slurm_ids(table_1_runs["killed"]))
+    killed_ids = set(slurm_ids(smoke_all_runs["killed"]))
     repeated = {r["Comment"] for r in rows if sum(o["Comment"] == r["Comment"] for o in rows) > 1}
     for comment in repeated:
         assert any(r["JobID"] in killed_ids and r["Comment"] == comment for r in rows), (comment, rows)
     assert not LOCAL_RULES & {rule_of(r["Comment"]) for r in rows}
 
     same_drafters(local_dir, cluster_dir)
-    for name in ("main.csv", "main_comparisons.csv"):
+    names = [sorted(p.name for p in (d / "results" / "metrics").glob("*.csv")) for d in (local_dir, cluster_dir)]
+    assert "main_comparisons.csv" in names[0] and names[0] == names[1]
+    for name in names[0]:
         frames = [pd.read_csv(d / "results" / "metrics" / name) for d in (local_dir, cluster_dir)]
         if "metric" in frames[0].columns:  # the comparisons: a row per metric; speedup is timed
             frames = [f[~f["metric"].isin(TIMING)].reset_index(drop=True) for f in frames]
-            assert len(frames[0]) and set(frames[0]["metric"]) == {"tau"}
-        columns = [c for c in frames[0].columns if not any(t in c for t in TIMING)]
-        pd.testing.assert_frame_equal(frames[0][columns], frames[1][columns])
+            assert len(frames[0]) and "tau" in set(frames[0]["metric"]), name
+        columns = [c for c in frames[0].columns if c not in TIMING]
+        pd.testing.assert_frame_equal(frames[0][columns], frames[1][columns], obj=name)
+    tables = [sorted(p.stem for p in (d / "results").glob("table_*.tex")) for d in (local_dir, cluster_dir)]
+    assert TIMED_TABLES < set(tables[0]) and tables[0] == tables[1]
+    for name in set(tables[0]) - TIMED_TABLES:  # tables of tau, weights and correlations: byte for byte
+        assert (local_dir / "results" / f"{name}.tex").read_text() == (cluster_dir / "results" / f"{name}.tex").read_text(), name
     from test_workflow import tau_cells
-    tables = [(d / TABLE).read_text() for d in (local_dir, cluster_dir)]
-    assert tau_cells(tables[0]) and tau_cells(tables[0]) == tau_cells(tables[1])
+    main = [(d / TABLE).read_text() for d in (local_dir, cluster_dir)]
+    assert tau_cells(main[0]) and tau_cells(main[0]) == tau_cells(main[1])
 
 # A drafter that trains long enough (minutes on 2 cores) to be cancelled and to outlive a 1-minute limit,
-# from Table 1's smoke data (the runs above made its target, answers and features); threads from the stage
+# from the smoke data (the runs above made its target, answers and features); threads from the stage
 # table (job_threads unset: the fallback a cluster executor needs, which leaves Snakemake's cores unset).
 FAULT_EPOCHS = 240
 FAULT = {"job_threads": None, "train.epochs": FAULT_EPOCHS, "train.num_anchors": 64, "train.save_every_steps": 4}
@@ -338,11 +350,11 @@ def wait_for(condition, what: str, run: subprocess.Popen, log: Path, timeout: fl
 
 
 @pytest.mark.slow  # a SLURM run and a local run of one long training (several minutes)
-def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slurm, table_1_runs, tmp_path):
+def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slurm, smoke_all_runs, tmp_path):
     """scancel of the running training job, then its resubmission hitting a 1-minute runtime limit: each
     time Snakemake resubmits it (README's command, the profile's retries raised to 2 for the two faults)
     and it resumes from its last saved state; the drafter equals a local uninterrupted run's."""
-    local_dir, cluster_dir = table_1_runs["local"], table_1_runs["cluster"]
+    local_dir, cluster_dir = smoke_all_runs["local"], smoke_all_runs["cluster"]
     submit = readme_cluster_commands()[0]
     config = write_config(tmp_path, **FAULT)
     target = f"results/drafters/tiny/{FAULT_DRAFTER}/summary.json"
