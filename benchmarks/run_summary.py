@@ -119,6 +119,18 @@ def replay_check(metrics: pd.DataFrame) -> str:
     return "; ".join(parts)
 
 
+def timed_text(comparisons: pd.DataFrame, temperature: float, decoded_in_evaluations: int) -> str:
+    """Where SR comes from: the experiment's timing job (its prompts and repeats, from the SR comparisons),
+    or, in a run without one (eval.tau: decode), the evaluations' own decoded requests."""
+    speedup = comparisons[(comparisons["metric"] == "speedup") & (comparisons["benchmark"] == "avg")
+                          & (comparisons["temperature"] == temperature)]
+    repeats = speedup["num_repeats"].max() if "num_repeats" in speedup else math.nan
+    if len(speedup) and pd.notna(repeats) and repeats > 0:
+        return (f"from the timing job over {int(speedup['num_prompts'].max())} prompts x {int(repeats)} repeats, "
+                f"interleaved")
+    return f"over {decoded_in_evaluations} decoded requests"
+
+
 def main() -> None:
     parser = argparse.ArgumentParser(description=__doc__, formatter_class=argparse.RawDescriptionHelpFormatter)
     parser.add_argument("--run-dir", type=Path, default=Path("."))
@@ -130,8 +142,8 @@ def main() -> None:
     for temperature in sorted(metrics["temperature"].unique()):
         prompts = metrics[(metrics["temperature"] == temperature) & (metrics["benchmark"] != "avg")]
         per_drafter = prompts.groupby("variant")[["num_prompts", "num_timed_requests"]].sum().max()
-        print(f"\nT = {temperature:g}: tau over {int(per_drafter['num_prompts'])} prompts per drafter, SR over "
-              f"{int(per_drafter['num_timed_requests'])} decoded requests:\n")
+        print(f"\nT = {temperature:g}: tau over {int(per_drafter['num_prompts'])} prompts per drafter, SR "
+              f"{timed_text(comparisons, temperature, int(per_drafter['num_timed_requests']))}:\n")
         print(table(comparisons, temperature, metrics))
     print("\nExactness of the replayed tau (all drafters): " + replay_check(metrics))
 

@@ -106,7 +106,7 @@ def test_a_misspelt_verdict_was_scored_reproduced_and_is_refused(tmp_path):
     write_comparisons(tmp_path, [comparison_row(1, -0.5, -0.6, -0.4)])  # far below 0: not the claimed +100
     [finding] = findings.findings([{**claim, "verdict": {"above": 100}}], tmp_path)
     assert finding.verdict == findings.CONTRADICTED
-    assert Region.of({"below": -100}) == Region(-math.inf, -100)
+    assert Region.of({"below": -100}) == Region(-math.inf, -100, strict=True)
 
 
 def test_not_run_says_what_the_run_lacks(tmp_path):

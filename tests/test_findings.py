@@ -103,6 +103,20 @@ def test_the_verdict_rule_on_bands_and_open_ends():
     assert verdicts.verdict(-0.3, -0.1, Region.of({"below": 0})) == REPRODUCED
 
 
+def test_above_and_below_are_strict_and_a_band_is_closed():
+    """"above 0" is not reproduced by an interval that reaches 0: a smallest rise of binned tau of exactly 0 at
+    every resample (Figure 1a's two lowest bins all at tau 1, in the a294b83 Table 1 run) was scored a rise. A band
+    keeps its ends: an Accept-rate tau of exactly 1.0 is inside "collapses to [1, 1.1]"."""
+    above, below = Region.of({"above": 0}), Region.of({"below": 0})
+    assert verdicts.verdict(0.0, 0.0, above) == CONTRADICTED
+    assert verdicts.verdict(0.0, 0.2, above) == INCONCLUSIVE
+    assert verdicts.verdict(1e-9, 0.2, above) == REPRODUCED
+    assert verdicts.verdict(0.0, 0.0, below) == CONTRADICTED
+    assert verdicts.verdict(-0.2, 0.0, below) == INCONCLUSIVE
+    assert verdicts.verdict(1.0, 1.0, Region.of({"between": [1.0, 1.1]})) == REPRODUCED
+    assert verdicts.verdict(1.1, 1.1, Region.of({"between": [1.0, 1.1]})) == REPRODUCED
+
+
 def test_relative_claims_divide_the_interval_by_the_reference(tmp_path):
     claim = {**ABOVE_DFLASH, "verdict": {"between": [0.05, 0.15], "scale": "relative"}}
     write_comparisons(tmp_path, [comparison_row(1, 0.4, 0.24, 0.56), comparison_row(2, 0.4, 0.1, 0.7)])

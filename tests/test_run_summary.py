@@ -92,3 +92,15 @@ def test_a_block_size_sweep_shows_each_drafter_under_its_own_dflash():
         "| DFlash (B = 12, gamma = 6) | 1.340 |  |  | 0.65 |  |",
         "| D-PACE (B = 12) | 1.430 | **+0.090 [+0.070, +0.110]** | 0.020 | 0.73 | **+0.080 [+0.030, +0.120]** |",
     ]
+
+
+def test_sr_is_said_to_come_from_the_timing_job_where_the_comparisons_have_repeats():
+    """Under replayed tau no evaluation decodes a timed request: the header names the timing job's prompts and
+    repeats (it once said "SR over 0 decoded requests"); a decode-everything run keeps the evaluations' count."""
+    timed = pd.DataFrame([row("dpace", "speedup", 0.87, -0.01, 0.06, num_prompts=12, num_repeats=4),
+                          row("dpace", "speedup", 0.70, -0.01, 0.06, num_prompts=6, num_repeats=4, temperature=1.0),
+                          row("dpace", "tau", 1.45, 0.03, 0.07, num_prompts=120)])
+    assert run_summary.timed_text(timed, 0.0, 0) == "from the timing job over 12 prompts x 4 repeats, interleaved"
+    assert run_summary.timed_text(timed, 1.0, 0) == "from the timing job over 6 prompts x 4 repeats, interleaved"
+    decoded = pd.DataFrame([row("dpace", "speedup", 0.87, -0.01, 0.06, num_prompts=14)])  # num_repeats: NaN
+    assert run_summary.timed_text(decoded, 0.0, 14) == "over 14 decoded requests"

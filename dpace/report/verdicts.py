@@ -36,10 +36,15 @@ UNITS = {
 
 @dataclass(frozen=True)
 class Region:
-    """The values of the measured quantity that reproduce a claim: [low, high], either end open (inf)."""
+    """The values of the measured quantity that reproduce a claim: [low, high], either end unbounded (inf).
+    ``strict``: the finite ends belong to the region's outside, as "above 0" and "below 0" say (a claim that
+    tau's bin means *rise* is not reproduced by a smallest rise of exactly 0; measured: Figure 1a's lowest bins
+    all at tau 1); ``between`` and ``paper_factor`` regions are closed (an Accept-rate tau of exactly 1.0 is
+    inside "collapses to [1, 1.1]")."""
 
     low: float = -math.inf
     high: float = math.inf
+    strict: bool = False
 
     @classmethod
     def of(cls, rule: dict, paper: float = math.nan) -> Region:
@@ -54,7 +59,7 @@ class Region:
             return cls(low, high)
         if "above" not in rule and "below" not in rule:  # never "< +inf": a misspelt rule would hold for anything
             raise ValueError(f"verdict {rule}: no region (above, below, between or paper_factor)")
-        return cls(float(rule.get("above", -math.inf)), float(rule.get("below", math.inf)))
+        return cls(float(rule.get("above", -math.inf)), float(rule.get("below", math.inf)), strict=True)
 
     def text(self, relative: bool) -> str:
         def number(x: float) -> str:
@@ -70,6 +75,12 @@ def verdict(low: float, high: float, region: Region) -> str:
     """The verdict of a 95% interval [low, high] against the claimed ``region``."""
     if not (np.isfinite(low) and np.isfinite(high)):
         return INCONCLUSIVE  # no interval (one prompt, one step): nothing can be told
+    if region.strict:  # open ends: an interval touching one lies outside the region there
+        if low > region.low and high < region.high:
+            return REPRODUCED
+        if high <= region.low or low >= region.high:
+            return CONTRADICTED
+        return INCONCLUSIVE
     if low >= region.low and high <= region.high:
         return REPRODUCED
     if high < region.low or low > region.high:
