@@ -23,7 +23,7 @@ import pandas as pd
 import pytest
 import yaml
 from test_profiles import GPU_RULES, planned_jobs
-from workflow_runs import write_config
+from workflow_runs import shared_smoke_all, write_config
 
 from dpace import cluster
 
@@ -240,14 +240,16 @@ def file_digests(results: Path, folder: str) -> dict[str, str]:
 
 
 def same_drafters(first: Path, second: Path) -> None:
-    """Every drafter's weights and checksum sidecars byte for byte, and its per-step losses."""
+    """Every drafter's weights and checksum sidecars byte for byte, and its per-step losses. ``first`` is the
+    shared local run, to which tests/test_workflow.py may since have added a training seed's drafter (-s1)."""
     # steps.jsonl and summary.json hold wall times, and the drafter's checksums.json their checksums
     digests = [{k: v for k, v in file_digests(r / "results", "drafters").items()
                 if not k.endswith(("steps.jsonl", "summary.json", "/checksums.json", *TIMED_FILES))}
                for r in (first, second)]
-    assert digests[0] and digests[0] == digests[1]
-    for steps in sorted((first / "results" / "drafters").rglob("steps.jsonl")):
-        other = second / steps.relative_to(first)
+    added = sorted(k for k in digests[0].keys() - digests[1].keys() if not re.search(r"-s\d+/", k))
+    assert digests[1] and not added and all(digests[0].get(k) == v for k, v in digests[1].items()), added
+    for steps in sorted((second / "results" / "drafters").rglob("steps.jsonl")):
+        other = first / steps.relative_to(second)
         losses = [[json.loads(line)["loss"] for line in path.read_text().splitlines()] for path in (steps, other)]
         assert losses[0] == losses[1], steps
 
@@ -256,18 +258,14 @@ def same_drafters(first: Path, second: Path) -> None:
 def smoke_all_runs(slurm, tmp_path_factory, mirror) -> dict:
     """README's cluster lines on `all` of the smoke config (only the environment changes: account,
     partition, node size), with the submitting Snakemake killed mid-way (SIGKILL: a closed login session)
-    and README's recovery lines; and a local run of the same config, at the same time."""
+    and README's recovery lines; and the local run of the same config that tests/test_workflow.py reads
+    (``shared_smoke_all``: made once per session, by whichever module asks first)."""
     tmp_path = tmp_path_factory.mktemp("smoke_all")
     submit, unlock, again = readme_cluster_commands()
     assert submit == again and unlock == ["snakemake", "--unlock"], (submit, unlock, again)
     assert submit[-1] == TARGET and "--workflow-profile" in submit
     config = write_config(tmp_path)
-    local_dir, cluster_dir = tmp_path / "local", tmp_path / "cluster"
-    local_log, cluster_log = tmp_path / "local.log", tmp_path / "cluster.log"
-    local = subprocess.Popen(
-        [sys.executable, "-m", "snakemake", "-s", str(REPO / "Snakefile"), "-d", str(local_dir), "--configfile",
-         str(config), "--replace-workflow-config", "--cores", "2", TARGET],
-        env={**os.environ, "PYTHONPATH": str(REPO)}, stdout=local_log.open("w"), stderr=subprocess.STDOUT)
+    cluster_dir, cluster_log = tmp_path / "cluster", tmp_path / "cluster.log"
     run = cluster_run(cluster_dir, config, submit[1:], slurm, cluster_log)
     deadline = time.monotonic() + 900
     while "rule_train_drafter" not in cluster_log.read_text(errors="replace") and run.poll() is None \
@@ -280,7 +278,8 @@ def smoke_all_runs(slurm, tmp_path_factory, mirror) -> dict:
     for step in (unlock, again):
         text = finish(cluster_run(cluster_dir, config, step[1:], slurm, cluster_log), cluster_log)
     assert "Nothing to be done" not in text.rsplit("Building DAG", 1)[-1]
-    return {"local": local_dir, "cluster": cluster_dir, "killed": killed, "local_text": finish(local, local_log),
+    local_dir, _, local_text = shared_smoke_all(tmp_path_factory)
+    return {"local": local_dir, "cluster": cluster_dir, "killed": killed, "local_text": local_text,
             "cluster_text": cluster_log.read_text(errors="replace")}
 
 
@@ -354,7 +353,10 @@ def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slu
     """scancel of the running training job, then its resubmission hitting a 1-minute runtime limit: each
     time Snakemake resubmits it (README's command, the profile's retries raised to 2 for the two faults)
     and it resumes from its last saved state; the drafter equals a local uninterrupted run's."""
-    local_dir, cluster_dir = smoke_all_runs["local"], smoke_all_runs["cluster"]
+    # the local reference trains in a copy of the shared local run (test_workflow.py runs Snakemake in it);
+    # Snakemake's lock and incomplete markers of a run in progress there stay behind
+    local_dir, cluster_dir = tmp_path / "local", smoke_all_runs["cluster"]
+    shutil.copytree(smoke_all_runs["local"], local_dir, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
     submit = readme_cluster_commands()[0]
     config = write_config(tmp_path, **FAULT)
     target = f"results/drafters/tiny/{FAULT_DRAFTER}/summary.json"

@@ -21,6 +21,7 @@ from workflow_runs import (
     SMOKE,
     TEMPERATURES,
     planned_jobs,
+    shared_smoke_all,
     snakemake,
     snakemake_command,
     with_lindecay,
@@ -33,11 +34,9 @@ pytestmark = pytest.mark.slow
 
 @pytest.fixture(scope="module")
 def smoke_run(tmp_path_factory, mirror):
-    """One real run of the whole smoke DAG: every table and figure (tiny random target)."""
-    workdir = tmp_path_factory.mktemp("smoke")
-    config = write_config(workdir)
-    result = snakemake(workdir, config, "all")
-    assert result.returncode == 0, result.stderr[-4000:]
+    """One real run of the whole smoke DAG: every table and figure (tiny random target), shared with
+    tests/test_cluster.py's comparison (``shared_smoke_all``)."""
+    workdir, config, _ = shared_smoke_all(tmp_path_factory)
     return workdir, config
 
 

@@ -2,6 +2,7 @@
 
 from __future__ import annotations
 
+import fcntl
 import json
 import os
 import re
@@ -47,6 +48,27 @@ def snakemake_command(workdir: Path, configfile: Path, *args: str) -> tuple[list
 def snakemake(workdir: Path, configfile: Path, *args: str, timeout: int = 900) -> subprocess.CompletedProcess:
     command, env = snakemake_command(workdir, configfile, *args)
     return subprocess.run(command, capture_output=True, text=True, timeout=timeout, env=env)
+
+
+def shared_smoke_all(tmp_path_factory) -> tuple[Path, Path, str]:
+    """A local run of the smoke config's `all`, made once per test session and shared by the modules that read
+    one (test_workflow's tests; test_cluster's reference for the same DAG through SLURM), across xdist workers
+    too: the first to ask runs it under a file lock in the session's shared temporary folder, the others wait
+    for it. Returns (workdir, config file, Snakemake's output). Tests may add to it (a training seed's drafter,
+    dry runs) but never change what the run built."""
+    base = tmp_path_factory.getbasetemp()
+    root = base.parent if os.environ.get("PYTEST_XDIST_WORKER") else base
+    workdir, done = root / "smoke-all", root / "smoke-all.json"
+    with (root / "smoke-all.lock").open("w") as lock:
+        fcntl.flock(lock, fcntl.LOCK_EX)  # released when the file closes
+        if not done.exists():
+            workdir.mkdir(exist_ok=True)
+            config = write_config(workdir)
+            result = snakemake(workdir, config, "all")
+            assert result.returncode == 0, result.stderr[-4000:]
+            done.write_text(json.dumps({"config": str(config), "output": result.stdout + result.stderr}))
+    record = json.loads(done.read_text())
+    return workdir, Path(record["config"]), record["output"]
 
 
 def planned_jobs(result: subprocess.CompletedProcess) -> dict[str, int]:
