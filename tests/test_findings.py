@@ -115,6 +115,9 @@ def test_above_and_below_are_strict_and_a_band_is_closed():
     assert verdicts.verdict(-0.2, 0.0, below) == INCONCLUSIVE
     assert verdicts.verdict(1.0, 1.0, Region.of({"between": [1.0, 1.1]})) == REPRODUCED
     assert verdicts.verdict(1.1, 1.1, Region.of({"between": [1.0, 1.1]})) == REPRODUCED
+    # the claim follows its cell: a lone cell at exactly 0 contradicts "above 0" after Holm too
+    assert verdicts.claim_verdict([cell(0.0, 0.0, 0.0, CONTRADICTED)]) == CONTRADICTED
+    assert verdicts.claim_verdict([cell(0.0, 0.0, 0.0, CONTRADICTED), *ALL_HOLD]) == CONTRADICTED
 
 
 def test_relative_claims_divide_the_interval_by_the_reference(tmp_path):

@@ -264,6 +264,8 @@ def p_outside(value: float, low: float, high: float, region: Region) -> float:
     interval's end touches the edge, so p < 0.025 is the cell's own *contradicted*."""
     if not (np.isfinite(low) and np.isfinite(high) and np.isfinite(value)):
         return 1.0
+    if region.strict and low == high and (high <= region.low or low >= region.high):
+        return 0.0  # no spread at all, on an open end or beyond it: outside for sure (the normal reading says 0.5)
     z = stats.norm.ppf(1.0 - (1.0 - LEVEL) / 2.0)
     p = 1.0
     if np.isfinite(region.low) and value < region.low:
