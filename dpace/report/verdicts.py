@@ -11,6 +11,7 @@ says how the claims file writes these; ``dpace.report.claim_measures`` measures 
 from __future__ import annotations
 
 import math
+import operator
 from collections.abc import Sequence
 from dataclasses import dataclass, field
 
@@ -75,15 +76,10 @@ def verdict(low: float, high: float, region: Region) -> str:
     """The verdict of a 95% interval [low, high] against the claimed ``region``."""
     if not (np.isfinite(low) and np.isfinite(high)):
         return INCONCLUSIVE  # no interval (one prompt, one step): nothing can be told
-    if region.strict:  # open ends: an interval touching one lies outside the region there
-        if low > region.low and high < region.high:
-            return REPRODUCED
-        if high <= region.low or low >= region.high:
-            return CONTRADICTED
-        return INCONCLUSIVE
-    if low >= region.low and high <= region.high:
+    within = operator.lt if region.strict else operator.le  # an open end lies outside the region
+    if within(region.low, low) and within(high, region.high):
         return REPRODUCED
-    if high < region.low or low > region.high:
+    if not within(region.low, high) or not within(low, region.high):
         return CONTRADICTED
     return INCONCLUSIVE
 
