@@ -7,6 +7,7 @@ mariadb-server); DPACE_SKIP_CLUSTER=1 skips them, except under CI=true, where th
 
 from __future__ import annotations
 
+import contextlib
 import hashlib
 import json
 import os
@@ -337,6 +338,32 @@ def running_jobs(rule: str) -> list[str]:
     return [line.split()[0] for line in out.splitlines() if len(line.split()) > 1 and rule_of(line.split()[1]) == rule]
 
 
+def job_processes(job_id: str) -> set[int]:
+    """The processes of a SLURM job on this one-node cluster: those whose environment names it (but SLURM's
+    own step daemons, which enforce the time limit)."""
+    pids = set()
+    for proc in Path("/proc").iterdir():
+        try:
+            if proc.name.isdigit() and (proc / "comm").read_text().strip() not in ("slurmstepd", "slurmd") \
+                    and f"SLURM_JOB_ID={job_id}".encode() in (proc / "environ").read_bytes().split(b"\0"):
+                pids.add(int(proc.name))
+        except OSError:  # ended meanwhile
+            pass
+    return pids
+
+
+def freeze_job(job_id: str) -> set[int]:
+    """SIGSTOP every process of the job, until a scan finds no new one (a child forked before its parent
+    stopped): the job then stays RUNNING, without progress, until its time limit, however fast this CPU."""
+    frozen: set[int] = set()
+    while new := job_processes(job_id) - frozen:
+        for pid in new:
+            with contextlib.suppress(ProcessLookupError):
+                os.kill(pid, signal.SIGSTOP)
+        frozen |= new
+    return frozen
+
+
 def wait_for(condition, what: str, run: subprocess.Popen, log: Path, timeout: float = 900):
     deadline = time.monotonic() + timeout
     while time.monotonic() < deadline:
@@ -352,7 +379,8 @@ def wait_for(condition, what: str, run: subprocess.Popen, log: Path, timeout: fl
 def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slurm, smoke_all_runs, tmp_path):
     """scancel of the running training job, then its resubmission hitting a 1-minute runtime limit: each
     time Snakemake resubmits it (README's command, the profile's retries raised to 2 for the two faults)
-    and it resumes from its last saved state; the drafter equals a local uninterrupted run's."""
+    and it resumes from its last saved state; the drafter equals a local uninterrupted run's. The resubmission is
+    frozen (SIGSTOP) once it has saved a state, so it reaches the limit on any CPU."""
     # the local reference trains in a copy of the shared local run (test_workflow.py runs Snakemake in it);
     # Snakemake's lock and incomplete markers of a run in progress there stay behind
     local_dir, cluster_dir = tmp_path / "local", smoke_all_runs["cluster"]
@@ -375,6 +403,13 @@ def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slu
     subprocess.run(["scancel", first[0]], check=True)
     second = wait_for(lambda: [j for j in running_jobs("train_drafter") if j != first[0]], "the resubmission", run,
                       cluster_log)
+    # the resubmission resumes and saves a state of its own; then it is frozen, so that it reaches its 1-minute
+    # limit mid-training on any CPU (a fast one had finished the remaining steps inside the minute)
+    saved = state.stat().st_mtime_ns
+    wait_for(lambda: state.stat().st_mtime_ns != saved or not running_jobs("train_drafter"),
+             "a state saved by the resubmission", run, cluster_log)
+    assert running_jobs("train_drafter") == second, "the resubmission ended before it could be frozen"
+    assert freeze_job(second[0])
     text = finish(run, cluster_log)
     finish(local, local_log)
 
