@@ -18,7 +18,9 @@ from eval_calls import evaluate as evaluate_drafter
 from eval_calls import measure
 
 import dpace.evaluation.evaluate as evaluation
+import dpace.evaluation.timing_run as timing_run
 from dpace.evaluation.decoding import speculative_generate
+from dpace.evaluation.eval_config import EvalConfig
 from dpace.evaluation.evaluate import ReplayMismatch
 from dpace.evaluation.replay import (
     block_logits,
@@ -28,6 +30,7 @@ from dpace.evaluation.replay import (
     replay_turn,
     target_features,
 )
+from dpace.evaluation.timing_run import TimingSettings, time_interleaved
 from dpace.io import DamagedFile, atomic_write_jsonl, record_checksums
 from dpace.targets import chat_prompt_ids, load_target, prepare_target, stop_token_ids
 from dpace.training.drafter import drafter_config, load_drafter, save_drafter
@@ -292,3 +295,24 @@ def test_speedup_interval_resamples_the_decoded_prompts_only():
     assert speedup["value"] == pytest.approx(2 / 1.2) and speedup["reference_value"] == pytest.approx(2 / 1.4)
     # resampling all six prompts would often draw none of the two timed ones: no interval at all
     assert speedup["ci_low"] <= speedup["difference"] <= speedup["ci_high"]
+
+
+def test_the_timing_job_times_in_its_own_precision_and_else_in_the_evaluations(evaluation_setup, monkeypatch):
+    """timing.dtype: the target and every drafter of the SR timing job load in it (bfloat16 here, as the
+    paper times), while tau stays replayed in eval.dtype; unset, the timing job takes eval.dtype."""
+    root, target_json, drafter_dir, files, common = evaluation_setup
+    loaded = []
+    for name in ("load_target", "load_drafter"):
+        original = getattr(timing_run, name)
+        monkeypatch.setattr(timing_run, name, lambda *a, _f=original, _n=name, **k: loaded.append((_n, k["dtype"]))
+                            or _f(*a, **k))
+    config = EvalConfig.from_config({"temperatures": [0.0], "max_new_tokens": MAX_NEW, "dtype": "float32",
+                                    "verification": "hard-match"}, seed=3)
+    for setting, expected in ((None, torch.float32), ("bfloat16", torch.bfloat16)):
+        loaded.clear()
+        frame = time_interleaved(target_json, {"d": drafter_dir}, files, config,
+                                 TimingSettings(prompts_per_benchmark=1, repeats=1, dtype=setting), log=lambda _: None)
+        assert loaded == [("load_target", expected), ("load_drafter", expected)]
+        # the target alone and the drafter, on gsm8k's first prompt and MT-Bench's two turns
+        assert sorted(frame.groupby("drafter").size().items()) == [("autoregressive", 3), ("d", 3)]
+        assert (frame["num_output_tokens"] > 0).all()

@@ -29,7 +29,7 @@ from dpace.evaluation.eval_records import WARMUP_TOKENS, evaluation_plan, exceed
 from dpace.evaluation.evaluate import BASELINE, _generator, _request_seed, _sampling_key
 from dpace.evaluation.requests import Conversation
 from dpace.io import atomic_write_text
-from dpace.targets import chat_prompt_ids, load_target, stop_token_ids
+from dpace.targets import chat_prompt_ids, load_target, resolve_dtype, stop_token_ids
 from dpace.timing_records import AUTOREGRESSIVE, TIMING_COLUMNS
 from dpace.training.drafter import check_drafter_matches_target, load_drafter
 
@@ -37,11 +37,12 @@ from dpace.training.drafter import check_drafter_matches_target, load_drafter
 @dataclass(frozen=True, kw_only=True)
 class TimingSettings:
     """The config's ``timing`` section: how many prompts of each benchmark are timed (at T = 0, and at T > 0),
-    and how many times every drafter decodes each of them."""
+    how many times every drafter decodes each of them, and in which precision."""
 
     prompts_per_benchmark: int = 2
     sampled_prompts_per_benchmark: int | None = None  # None: prompts_per_benchmark
     repeats: int = 4
+    dtype: str | None = None  # None: the evaluation's (eval.dtype); "auto": bfloat16 where native (resolve_dtype)
 
     def prompts(self, temperature: float) -> int:
         if temperature > 0 and self.sampled_prompts_per_benchmark is not None:
@@ -70,7 +71,8 @@ def time_interleaved(
     times, interleaved per request turn; return (and write to ``out_path``) the rows of TIMING_COLUMNS."""
     if config.verification != "hard-match":
         raise ValueError("the timing job decodes with hard-match verification (eval.verification)")
-    dtype = getattr(torch, config.dtype)
+    dtype = getattr(torch, resolve_dtype(settings.dtype or config.dtype, device))
+    log(f"timing: target and drafters in {dtype}")
     target, tokenizer = load_target(target_json, device=device, dtype=dtype)
     loaded = {}
     for name, folder in drafters.items():

@@ -105,8 +105,9 @@ rule speedup_timing:
         # dpace.evaluation.eval_config.EvalConfig: the full suite's settings (temperatures, max_new_tokens, seed, ...)
         eval={**config["eval"], "temperatures": SUITES["full"]["temperatures"], "seed": config["seed"]},
         # dpace.evaluation.timing_run.TimingSettings
+        # (timing.dtype only when set: a run made before the setting existed keeps its timings)
         timing={key: config["timing"][key] for key in ("prompts_per_benchmark", "sampled_prompts_per_benchmark",
-                                                      "repeats")},
+                                                      "repeats", "dtype") if key != "dtype" or config["timing"][key]},
         code=script_fingerprint("speedup_timing.py"),
     threads: job_threads("speedup_timing")
     resources:
