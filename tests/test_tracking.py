@@ -57,8 +57,8 @@ def plan_after_edit(built, path: Path) -> dict[str, int]:
         return planned_jobs(snakemake(workdir, config, "-n", "all"))
     finally:
         path.write_bytes(before)
-        # A restored source file is still newer than the outputs (Snakemake compares checksums only of
-        # files that jobs made): mark them up to date again for the next probe.
+        # A restored source file is still newer than the outputs (--touch recorded no input checksums to
+        # compare its content with): mark them up to date again for the next probe.
         assert snakemake(workdir, config, "--touch", "all").returncode == 0
         assert planned_jobs(snakemake(workdir, config, "-n", "all")) == {}
 
@@ -145,3 +145,30 @@ def test_an_edit_whose_modification_time_lies_still_reruns_what_reads_it(built):
             path.write_bytes(data)
             os.utime(path, ns=(stat.st_atime_ns, stat.st_mtime_ns))
     assert planned_jobs(snakemake(workdir, config, "-n", "all")) == {}
+
+
+def test_a_mirror_copied_again_with_new_times_reruns_nothing(tmp_path, mirror):
+    """A data mirror copied anew (a re-synced or re-provisioned ../shared/data: same content, every file newer
+    than the outputs) must not rerun the DAG. Snakemake compares such a file with the checksum it recorded when
+    the job ran, but only for files up to ``max-checksum-file-size`` (default 1 MB; the ShareGPT mirror is
+    18 MB): the profiles raise it. A real ``training_prompts`` job, so that Snakemake records the checksums."""
+    import os
+    import time
+
+    copy = tmp_path / "mirror"
+    shutil.copytree(MIRROR, copy)
+    sharegpt = copy / "train" / "sharegpt.jsonl"
+    assert sharegpt.stat().st_size > 1_000_000  # above Snakemake's default checksum limit
+    workdir = tmp_path / "work"
+    workdir.mkdir()
+    config = write_config(workdir, **{"data.mirror": str(copy)})
+    target = next(path for path, rule in outputs_of_the_dag(workdir, config) if rule == "training_prompts")
+    ran = snakemake(workdir, config, target)
+    assert ran.returncode == 0, ran.stderr[-3000:]
+    assert planned_jobs(snakemake(workdir, config, "-n", target)) == {}
+    later = time.time() + 3600
+    for path in copy.rglob("*.jsonl"):
+        os.utime(path, (later, later))
+    assert planned_jobs(snakemake(workdir, config, "-n", target)) == {}
+    sharegpt.write_bytes(sharegpt.read_bytes() + b"\n")  # a real change still reruns it
+    assert planned_jobs(snakemake(workdir, config, "-n", target)) == {"training_prompts": 1}
