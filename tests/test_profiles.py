@@ -150,9 +150,11 @@ def test_the_default_profile_reruns_incomplete_jobs():
     """README, "After a crash": `snakemake --unlock`, then the same command, which must rerun a job a kill
     left incomplete. Snakemake 9 reads profiles/default/ next to the Snakefile (not under workflow/)."""
     profile = yaml.safe_load((REPO / "profiles" / "default" / "profile.yaml").read_text())
-    assert profile == {"rerun-incomplete": True}
-    for name in ("local", "slurm"):  # an explicit profile replaces the default one: it sets the key too
-        assert yaml.safe_load((REPO / "workflow" / "profiles" / name / "profile.yaml").read_text())["rerun-incomplete"]
+    # and a source file copied again with the same content reruns nothing (test_tracking.py)
+    assert profile == {"rerun-incomplete": True, "max-checksum-file-size": "64MB"}
+    for name in ("local", "slurm"):  # an explicit profile replaces the default one: it sets the keys too
+        explicit = yaml.safe_load((REPO / "workflow" / "profiles" / name / "profile.yaml").read_text())
+        assert {key: explicit.get(key) for key in profile} == profile, name
 
 
 @pytest.mark.parametrize("tau", ["replay", "decode"])
