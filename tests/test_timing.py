@@ -264,3 +264,18 @@ def test_the_metrics_and_an_sr_contrast_cover_every_training_seed(tmp_path):
     assert "3 training seeds" in cell.note
     assert (cell.value, cell.low, cell.high) == pytest.approx(
         (expected["difference"], expected["ci_low"], expected["ci_high"]))
+
+
+def test_an_experiment_gets_the_target_and_its_own_drafters_from_a_per_target_timing_job():
+    """timing.jobs per-target: the shared job's rows of the target alone and of the experiment's drafters, every
+    timed row as it was (the SR the experiment computes is the one the shared job measured)."""
+    from dpace.evaluation.timing_split import experiment_rows
+
+    shared = constructed_times()
+    rows = experiment_rows(shared, ["dpace-v"])
+    assert set(rows["drafter"]) == {AUTOREGRESSIVE, "dpace-v"}
+    expected = shared[shared["drafter"] != "dflash-v"]
+    pd.testing.assert_frame_equal(rows.reset_index(drop=True), expected.reset_index(drop=True))
+    assert interleaved_speedups(rows) == [r for r in interleaved_speedups(shared) if r["variant"] == "dpace-v"]
+    with pytest.raises(ValueError, match="did not time"):
+        experiment_rows(shared, ["dpace-v", "accept-rate-v"])

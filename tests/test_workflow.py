@@ -396,3 +396,38 @@ def test_a_new_objective_reruns_only_itself(smoke_run, tmp_path):
                                                                    "speedup_timing", *REPORT_RULES}
     variants = planned_variants(edited)
     assert variants["train_drafter"] == dflash and variants["evaluate"] <= dflash, variants
+
+
+def test_per_target_timing_times_each_drafter_once_for_every_timed_experiment(smoke_run, tmp_path):
+    """timing.jobs per-target: one timing job for the target decodes the drafters of every experiment that claims
+    SR, a drafter they share once; each experiment's timing file is that job's rows of the target alone and of its
+    own drafters, and its SR comparisons are built from them."""
+    from dpace.config import experiments
+    from dpace.experiments import EXPERIMENT_SPECS
+    from dpace.timing_records import AUTOREGRESSIVE
+
+    workdir, _ = smoke_run
+    copy = tmp_path / "run"
+    shutil.copytree(workdir, copy, symlinks=True, ignore=shutil.ignore_patterns("locks", "incomplete"))
+    config = write_config(copy, **{"timing.jobs": "per-target"})
+    timed = {name: {v.id for v in e.variants} for name, e in experiments(SMOKE).items()
+             if EXPERIMENT_SPECS[name].times_speedup}
+    union = set().union(*timed.values())
+    assert len(union) < sum(map(len, timed.values()))  # the block-size sweep shares Table 1's drafters
+    jobs = planned_jobs(snakemake(copy, config, "-n", "all"))
+    assert jobs["speedup_timing"] == 1 and jobs["experiment_timing"] == len(timed), jobs
+    result = snakemake(copy, config, "all")
+    assert result.returncode == 0, result.stderr[-4000:]
+
+    eval_dir = copy / "results" / "eval" / SMOKE["main_target"]
+    shared = pd.read_csv(eval_dir / "timing-shared.csv")
+    per_request = shared.groupby(["temperature", "id", "turn", "repeat"])["drafter"]
+    assert per_request.apply(sorted).map(tuple).nunique() == 1  # every request decoded by the same decoders...
+    assert sorted(per_request.get_group(next(iter(per_request.groups)))) == sorted({*union, AUTOREGRESSIVE})  # once
+    for name, drafters in timed.items():
+        rows = pd.read_csv(eval_dir / f"timing-{name}.csv")
+        expected = shared[shared["drafter"].isin({*drafters, AUTOREGRESSIVE})]
+        pd.testing.assert_frame_equal(rows, expected.reset_index(drop=True))
+    comparisons = pd.read_csv(copy / "results" / "metrics" / "main_comparisons.csv")
+    speedups = comparisons[(comparisons["metric"] == "speedup") & (comparisons["benchmark"] == "avg")]
+    assert len(speedups) and speedups["value"].notna().all()

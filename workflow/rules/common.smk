@@ -364,17 +364,42 @@ def local_blocks_summaries():
 
 # SR (dpace.evaluation.timing_run): an experiment that a claim reads SR of (ExperimentSpec.times_speedup) gets
 # one timing job per target, which times the target alone and all of that target's drafters of the experiment
-# together, interleaved; with the local backend only (SGLang's evaluations time their own).
+# together, interleaved; with the local backend only (SGLang's evaluations time their own). With
+# `timing.jobs: per-target`, one job per target times the drafters of every such experiment at once (a drafter
+# that two experiments share is timed once) and each experiment's timing file is its rows of that job's.
+SHARED_TIMING = "shared"  # the {experiment} of the per-target timing job's file
+
+
 def timed_experiment(name):
     return EXPERIMENT_SPECS[name].times_speedup and config["eval"]["backend"] == "local"
 
 
+def timing_per_target():
+    return config["timing"]["jobs"] == "per-target"
+
+
+def timing_variants(experiment, target):
+    """[(variant, the epoch its tables read)] of ``experiment``'s drafters of ``target`` (SHARED_TIMING: of every
+    timed experiment, each variant once)."""
+    names = [n for n in EXPERIMENTS if timed_experiment(n)] if experiment == SHARED_TIMING else [experiment]
+    picked = {}
+    for name in names:
+        spec = EXPERIMENTS[name]
+        for v in spec.variants:
+            if v.target != target:
+                continue
+            epoch = spec.eval_epoch or v.epochs
+            if picked.get(v.id, (v, epoch))[1] != epoch:
+                raise ValueError(f"timing.jobs: per-target times {v.id} once, but two experiments read it at "
+                                 f"epochs {picked[v.id][1]} and {epoch}: use timing.jobs: per-experiment")
+            picked[v.id] = (v, epoch)
+    return list(picked.values())
+
+
 def timing_drafters(experiment, target):
-    """{variant id: checkpoint folder} of the experiment's drafters of ``target`` at the checkpoint its tables read."""
-    spec = EXPERIMENTS[experiment]
-    return {v.id: f"{RESULTS}/{DRAFTER_DIR}/{EPOCH_DIR}".format(target=v.target, variant=v.id,
-                                                                 epoch=spec.eval_epoch or v.epochs)
-            for v in spec.variants if v.target == target}
+    """{variant id: checkpoint folder} of the drafters the timing job of ``experiment`` (or SHARED_TIMING) times."""
+    return {v.id: f"{RESULTS}/{DRAFTER_DIR}/{EPOCH_DIR}".format(target=v.target, variant=v.id, epoch=epoch)
+            for v, epoch in timing_variants(experiment, target)}
 
 
 def timing_files(experiment):

@@ -86,10 +86,11 @@ rule evaluate:
 rule speedup_timing:
     """SR of one experiment's drafters on one target: the target alone and every drafter, interleaved prompt
     by prompt, repeated (dpace.evaluation.timing_run; config section timing). Only for experiments a claim
-    reads SR of (dpace.experiments.ExperimentSpec.times_speedup)."""
+    reads SR of (dpace.experiments.ExperimentSpec.times_speedup); with timing.jobs per-target, one job
+    ({experiment} = SHARED_TIMING) for all of them, which experiment_timing splits."""
     input:
-        summaries=lambda wildcards: [drafter_summary(v) for v in EXPERIMENTS[wildcards.experiment].variants
-                                     if v.target == wildcards.target],
+        summaries=lambda wildcards: [drafter_summary(v) for v, _ in timing_variants(wildcards.experiment,
+                                                                                     wildcards.target)],
         target=f"{RESULTS}/targets/{{target}}/target.json",
         benchmarks=expand(f"{RESULTS}/data/benchmarks/{{benchmark}}.jsonl", benchmark=BASELINE_BENCHMARKS),
     output:
@@ -99,7 +100,8 @@ rule speedup_timing:
     benchmark:
         f"{RESULTS}/benchmarks/eval/{{target}}/timing-{{experiment}}.tsv"
     wildcard_constraints:
-        experiment="|".join(name for name in EXPERIMENTS if EXPERIMENT_SPECS[name].times_speedup) or "^$",
+        experiment=SHARED_TIMING if timing_per_target() else (
+            "|".join(name for name in EXPERIMENTS if EXPERIMENT_SPECS[name].times_speedup) or "^$"),
     params:
         drafters=lambda wildcards: timing_drafters(wildcards.experiment, wildcards.target),
         # dpace.evaluation.eval_config.EvalConfig: the full suite's settings (temperatures, max_new_tokens, seed, ...)
@@ -114,3 +116,26 @@ rule speedup_timing:
         **stage_resources("speedup_timing"),  # a GPU only where the config runs on one (dpace.cluster)
     script:
         "../scripts/speedup_timing.py"
+
+
+rule experiment_timing:
+    """timing.jobs per-target: an experiment's timing file, the rows of the target alone and of the experiment's
+    drafters from the per-target timing job (dpace.evaluation.timing_split), as its own job would write
+    them but timed beside every other timed experiment's drafters."""
+    input:
+        shared=f"{RESULTS}/{TIMING}".replace("{experiment}", SHARED_TIMING),
+    output:
+        times=f"{RESULTS}/{TIMING}",
+    log:
+        f"{RESULTS}/logs/eval/{{target}}/timing-{{experiment}}.log",
+    benchmark:
+        f"{RESULTS}/benchmarks/eval/{{target}}/timing-{{experiment}}.tsv"
+    wildcard_constraints:
+        experiment="|".join(name for name in EXPERIMENTS if timed_experiment(name))
+        if timing_per_target() else "^$",
+    params:
+        drafters=lambda wildcards: sorted(timing_drafters(wildcards.experiment, wildcards.target)),
+        code=script_fingerprint("experiment_timing.py"),
+    localrule: True
+    script:
+        "../scripts/experiment_timing.py"
