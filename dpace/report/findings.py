@@ -20,6 +20,7 @@ the paths.
 
 from __future__ import annotations
 
+import math
 import subprocess
 from collections.abc import Sequence
 from pathlib import Path
@@ -72,6 +73,8 @@ def not_measurable(claims: Sequence[dict]) -> list[dict]:
 
 # The experiment whose artifacts a measure reads when the claim names none: Table 1's drafters.
 MAIN_EXPERIMENT = "main"
+# The objective every Table 1 gain is taken over.
+REFERENCE_OBJECTIVE = "dflash"
 
 
 def claim_experiment(claim: dict) -> str:
@@ -119,6 +122,45 @@ def skipped_requests(claims: Sequence[dict], results: str | Path, experiments: S
     return skipped_requests_text(pd.concat(frames, ignore_index=True)) if frames else ""
 
 
+def seed_spread(results: str | Path) -> pd.DataFrame | None:
+    """Table 1's average tau gain over DFlash at each training seed, where the run trained several: one row per
+    non-reference objective and cell (target, depth, block size, temperature, epoch) with ``gains`` {seed: this
+    seed's benchmark-mean tau minus DFlash's at the same seed} and ``seed_share`` (the seeds' share of the
+    average comparison's variance). None for a one-seed run or one without Table 1's metrics."""
+    try:
+        runs = read_csv(Path(results), f"{MAIN_EXPERIMENT}.csv")
+    except NotRun:
+        return None
+    if "suite" in runs:  # the trajectory's per-epoch subsets are not Table 1's cells
+        runs = runs[runs["suite"] == "full"]
+    if not {"training_seed", "objective", "tau"} <= set(runs) or runs["training_seed"].nunique() < 2:
+        return None
+    cell_keys = ["target", "depth", "block_size", "temperature", "epoch"]
+    mean_tau = runs.groupby([*cell_keys, "objective", "training_seed"])["tau"].mean()  # benchmarks weighted equally
+    try:
+        comparisons = read_csv(Path(results), f"{MAIN_EXPERIMENT}_comparisons.csv")
+        comparisons = comparisons[(comparisons["metric"] == "tau") & (comparisons["benchmark"] == "avg")]
+    except NotRun:
+        comparisons = pd.DataFrame(columns=[*cell_keys, "objective", "var_prompts", "var_seeds"])
+    rows = []
+    for cell, taus in mean_tau.groupby(level=cell_keys):
+        taus = taus.droplevel(cell_keys)
+        if REFERENCE_OBJECTIVE not in taus.index.get_level_values("objective"):
+            continue
+        reference = taus.loc[REFERENCE_OBJECTIVE]
+        for objective in sorted(set(taus.index.get_level_values("objective")) - {REFERENCE_OBJECTIVE}):
+            ours = taus.loc[objective]
+            gains = {int(seed): float(ours[seed] - reference[seed]) for seed in ours.index if seed in reference.index}
+            split = comparisons[(comparisons[cell_keys] == pd.Series(dict(zip(cell_keys, cell, strict=True)))).all(axis=1)
+                                & (comparisons["objective"] == objective)]
+            total = float(split["var_prompts"].sum() + split["var_seeds"].sum()) if len(split) == 1 else math.nan
+            target, depth, block_size, temperature, epoch = cell
+            rows.append({"objective": objective, "gains": gains,
+                         "cell": f"{target} d{depth} B{block_size} T{temperature:g} epoch {epoch}",
+                         "seed_share": float(split["var_seeds"].iloc[0]) / total if total > 0 else math.nan})
+    return pd.DataFrame(rows) if rows else None
+
+
 def checkout_commit(folder: str | Path) -> str:
     """The commit checked out at ``folder`` (short, "-dirty" with uncommitted changes), or "unknown"."""
     def git(*args: str) -> str:
@@ -137,7 +179,9 @@ def write_findings(claims_path, results, out, *, config_name: str, commit: str,
     """The scorecard page of ``results``; ``experiments``: the run's configured experiments (see :func:`findings`)."""
     claims = read_claims(claims_path)
     found = findings(claims, results, experiments)
+    spread = seed_spread(results) if experiments is None or MAIN_EXPERIMENT in experiments else None
     page = scorecard(found, config_name=config_name, commit=commit, grads=gradients(claims, results, experiments),
-                     unmeasurable=not_measurable(claims), skipped=skipped_requests(claims, results, experiments))
+                     unmeasurable=not_measurable(claims), skipped=skipped_requests(claims, results, experiments),
+                     spread=spread)
     atomic_write_text(out, page)
     return found

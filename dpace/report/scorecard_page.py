@@ -3,9 +3,11 @@ scale, the seed spread and the claims not measurable here, as Markdown."""
 
 from __future__ import annotations
 
+import math
 from collections.abc import Sequence
 
 import numpy as np
+import pandas as pd
 
 from dpace.report.verdicts import (
     BEYOND,
@@ -23,7 +25,8 @@ from dpace.report.verdicts import (
     unit_text,
 )
 
-# Table 1's spread over training seeds (three-seed study of the a2f4e57 run, docs/measurements.md).
+# Table 1's spread over training seeds (three-seed study of the a2f4e57 run, docs/measurements.md): the page
+# cites it when the run trained one seed and so cannot measure its own.
 SEED_SPREAD = ("Table 1's seed spread, measured in the three-seed study of the a2f4e57 run "
                "(docs/measurements.md, \"Three training seeds of Table 1\"): D-PACE - DFlash in average tau at T = 0 "
                "was +0.043 / +0.083 / +0.037 at seeds 0 / 1 / 2 (sd of one seed's difference about 0.024; the seeds "
@@ -217,10 +220,36 @@ def gradients_table(grads: dict[str, list[dict]]) -> list[str]:
     return lines
 
 
+def seed_spread_lines(spread: pd.DataFrame | None) -> list[str]:
+    """The Seeds section: this run's own per-seed gains (``dpace.report.findings.seed_spread``) where it
+    trained several seeds, else the spread the three-seed study measured."""
+    if spread is None or spread.empty:
+        return [SEED_SPREAD]
+    seeds = sorted({seed for gains in spread["gains"] for seed in gains})
+    lines = [
+        "Table 1's average tau gain over DFlash at each training seed of this run (each seed's drafter against "
+        "DFlash's drafter of the same seed; benchmarks weighted equally, as the paper's Avg column), and the share "
+        "of the comparison's variance that drawing other seeds adds (`var_seeds` over `var_seeds + var_prompts` "
+        "in `metrics/main_comparisons.csv`). The intervals above resample seeds and prompts (docs/scorecard.md).",
+        "",
+        "| drafter - DFlash (tau) | cell | " + " | ".join(f"seed {s}" for s in seeds)
+        + " | mean | sd over seeds | seeds' share of the variance |",
+        "|---|---|" + "---|" * (len(seeds) + 3),
+    ]
+    for row in spread.itertuples():
+        share = "--" if math.isnan(row.seed_share) else f"{row.seed_share:.0%}"
+        lines.append(f"| {row.objective} | {row.cell} | "
+                     + " | ".join(f"{row.gains[s]:+.3f}" if s in row.gains else "--" for s in seeds)
+                     + f" | {np.mean(list(row.gains.values())):+.3f} | {np.std(list(row.gains.values()), ddof=1):.3f}"
+                     + f" | {share} |")
+    return lines
+
+
 def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads: dict | None = None,
-              unmeasurable: Sequence[dict] = (), skipped: str = "") -> str:
+              unmeasurable: Sequence[dict] = (), skipped: str = "", spread: pd.DataFrame | None = None) -> str:
     """The scorecard as Markdown: the claim-level count, one row per claim, then each measured cell once.
-    ``skipped``: the evaluations that skipped requests past the target's context, warned of under the count."""
+    ``skipped``: the evaluations that skipped requests past the target's context, warned of under the count;
+    ``spread``: Table 1's per-seed gains of a several-seed run (``dpace.report.findings.seed_spread``)."""
     grads = grads or {}
     by_claim: dict[str, list[Finding]] = {}
     for f in found:
@@ -286,7 +315,7 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
         "",
         "## Seeds",
         "",
-        SEED_SPREAD,
+        *seed_spread_lines(spread),
         "",
         "## Not measurable here",
         "",
