@@ -651,3 +651,31 @@ def test_registry_views_agree_with_the_records():
     assert {name: canonical_objective(alias) for alias, name in OBJECTIVE_ALIASES.items()} == {
         name: name for name in OBJECTIVE_ALIASES.values()}
     assert all(DEFAULT_NORMALIZATION[name] == record.normalization for name, record in REGISTRY.items())
+
+
+def test_accuracy_of_bf16_logits_takes_the_first_of_tied_maxima():
+    """bf16 logits tie often; a position counts as correct only where z* is the first maximum (argmax's rule
+    in bf16 and float32 alike), so the float32 argmax the terms use changes no accuracy or emitted length."""
+    generator = torch.Generator().manual_seed(0)
+    batch, blocks, block_size, vocab = 2, 3, 8, 64
+    draft_logits = torch.randn(batch, blocks, block_size, vocab, generator=generator).to(torch.bfloat16)
+    target_ids = torch.randint(0, vocab, (batch, blocks, block_size), generator=generator)
+    valid = torch.ones(batch, blocks, block_size, dtype=torch.bool)
+    valid[..., 0] = False
+    # Half the positions: z* ties with an earlier token for the maximum (not a hit); the rest: z* ties with a
+    # later token (a hit).
+    top = draft_logits.max(dim=-1).values + 1
+    earlier = (target_ids - 1).clamp(min=0)
+    later = (target_ids + 1).clamp(max=vocab - 1)
+    tie_before = torch.rand(target_ids.shape, generator=generator) < 0.5
+    tie_before &= target_ids > 0
+    other = torch.where(tie_before, earlier, later)
+    draft_logits.scatter_(-1, target_ids.unsqueeze(-1), top.unsqueeze(-1))
+    draft_logits.scatter_(-1, other.unsqueeze(-1), top.unsqueeze(-1))
+    hits = (draft_logits.argmax(dim=-1) == target_ids) & valid  # PyTorch's own bf16 argmax
+    assert 0 < int(hits.sum()) < int(valid.sum())  # both kinds of tie are present
+    terms = objective_terms("dflash", draft_logits=draft_logits, target_ids=target_ids, valid=valid,
+                            **resolve_hparams("dflash", block_size))
+    assert float(terms.correct_count) == float(hits.sum())
+    accepted = (torch.cumprod((hits | ~valid).long(), dim=-1) * valid).sum(dim=-1)
+    assert float(terms.emitted_length_sum) == float((1 + accepted).sum())

@@ -324,7 +324,9 @@ def objective_terms(
 
     with torch.no_grad():
         block_valid = valid.any(dim=-1)
-        correct = (draft_logits.argmax(dim=-1) == target_ids) & valid
+        # argmax in float32: the same index (bf16 -> float32 is exact; both take the first maximum), and
+        # PyTorch's CPU argmax over bf16 is unvectorised: 1.9 ms against 0.6 ms for a default micro-batch.
+        correct = (draft_logits.float().argmax(dim=-1) == target_ids) & valid
         # Training-time accept length (SpecForge's compute_accept_len): leading valid positions
         # whose argmax is z*, skipping invalid ones; +1 for the token the target emits itself.
         accepted = (torch.cumprod((correct | ~valid).long(), dim=-1) * valid).sum(dim=-1)
