@@ -87,6 +87,8 @@ def default_train_config(args) -> TrainConfig:
                  "epochs": 1, "precision": args.precision or train["precision"]}
     if args.micro_batch_size:
         overrides["micro_batch_size"] = args.micro_batch_size
+    if args.grad_accumulation:
+        overrides["grad_accumulation"] = args.grad_accumulation
     return TrainConfig.from_config(train, **overrides)
 
 
@@ -298,6 +300,7 @@ def parse_args(argv=None):
     parser.add_argument("--objective", default="dflash")
     parser.add_argument("--precision", help="default: config.yaml's train.precision")
     parser.add_argument("--micro-batch-size", type=int, default=0, help="0: config.yaml's")
+    parser.add_argument("--grad-accumulation", type=int, default=0, help="0: config.yaml's")
     parser.add_argument("--sequences", type=int, default=240, help="synthetic answers (micro-batch 2 x 2: N/4 steps)")
     parser.add_argument("--warmup", type=int, default=3)
     parser.add_argument("--counted-steps", type=int, default=4, help="steps whose FLOP and product shapes are counted")

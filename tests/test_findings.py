@@ -1099,3 +1099,36 @@ def test_the_new_measures_say_not_run_or_no_interval_on_a_tiny_run(tmp_path):
     [variation] = findings.findings([claims["f3b-weights-vary-across-updates"]], tmp_path)
     assert variation.verdict == NOT_RUN and "too few for a trend" in variation.note
     assert math.isnan(claim_measures.smallest_bin_rise(np.ones((6, 3)), 5))
+
+
+def test_two_pages_of_the_same_run_are_compared_claim_by_claim(tmp_path):
+    """A second measurement of the same drafters: the claim whose cell moved across the region's edge is the one
+    row that differs, with both verdicts as the pages state them; the claim that did not move, and the claim
+    that is not run on either page, count as the same."""
+    below = {**ABOVE_DFLASH, "id": "dpace-below-dflash-4", "claim": "D-PACE's tau below DFlash's + 4",
+             "verdict": {"below": 4}}
+    unbuilt = {**ABOVE_DFLASH, "id": "extras-claim", "measure": {**ABOVE_DFLASH["measure"], "experiment": "extras"}}
+    claims = [ABOVE_DFLASH, below, unbuilt]
+
+    def page(low: float, high: float) -> str:
+        results = tmp_path / f"run{low}"
+        write_comparisons(results, [comparison_row(1, (low + high) / 2, low, high)])
+        return findings.scorecard(findings.findings(claims, results), config_name="c.yaml", commit="abc")
+
+    first, second = page(0.10, 0.30), page(-0.05, 0.15)
+    assert scorecard_page.claim_verdicts(first) == {
+        "dpace-above-dflash": REPRODUCED, "dpace-below-dflash-4": REPRODUCED, "extras-claim": NOT_RUN}
+    assert scorecard_page.stability_table(first, second) == [
+        "| claim | first | second |", "|---|---|---|",
+        f"| `dpace-above-dflash` | {REPRODUCED} | {INCONCLUSIVE} |",
+        "| 2 other claims | same | same |"]
+    assert scorecard_page.stability_table(first, first)[2:] == ["| 3 other claims | same | same |"]
+
+
+def test_an_archived_page_reads_its_verdicts_past_the_bold_scale_marks():
+    """docs/scorecard-650f9ba.md as published: rows whose scale column is bold still give their verdict column."""
+    archived = scorecard_page.claim_verdicts((REPO / "docs" / "scorecard-650f9ba.md").read_text())
+    assert archived["t1-dpace-above-dflash"] == REPRODUCED  # its row: "**scale-sensitive (measured)**" first
+    assert archived["t1-dpace-tau-gain-about-10pct"] == INCONCLUSIVE
+    assert archived["t2-dpace-speedup-per-target"] == NOT_RUN
+    assert len(archived) == 29 and sum(v == REPRODUCED for v in archived.values()) == 14

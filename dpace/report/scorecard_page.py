@@ -324,6 +324,35 @@ def scorecard(found: Sequence[Finding], *, config_name: str, commit: str, grads:
     return "\n".join(lines) + "\n"
 
 
+def claim_verdicts(markdown: str) -> dict[str, str]:
+    """Each claim's verdict word on a scorecard page (its Claims table), by claim id: what a second
+    measurement of the same run is compared with (``benchmarks/compare_findings.py``)."""
+    section = markdown.split("\n## Claims\n", 1)[1].split("\n## ", 1)[0]
+    verdicts = {}
+    for line in section.splitlines():
+        if not line.startswith("| `"):
+            continue
+        claim_id = line.split("`")[1]
+        last_cell = line.rstrip(" |").rsplit(" | ", 1)[1]
+        word = last_cell.split("**")[1]
+        if word not in (*VERDICTS, BEYOND):
+            raise ValueError(f"claim {claim_id}: {word!r} is not a verdict")
+        verdicts[claim_id] = word + (" (by construction)" if "(by construction" in last_cell else "")
+    return verdicts
+
+
+def stability_table(first: str, second: str) -> list[str]:
+    """claim | verdict, first page | verdict, second page, for every claim on either page: the rows that
+    differ first, then the count of the same."""
+    a, b = claim_verdicts(first), claim_verdicts(second)
+    ids = list(a) + [c for c in b if c not in a]
+    differ = [c for c in ids if a.get(c) != b.get(c)]
+    lines = ["| claim | first | second |", "|---|---|---|"]
+    lines += [f"| `{c}` | {a.get(c, '(absent)')} | {b.get(c, '(absent)')} |" for c in differ]
+    lines += [f"| {len(ids) - len(differ)} other claims | same | same |"]
+    return lines
+
+
 def headline(markdown: str) -> str:
     """The claim-level count line of a scorecard page (the report's front page shows it)."""
     return next(line for line in markdown.splitlines() if line.startswith("**") and " claims:**" in line)
