@@ -7,6 +7,7 @@ cached; then ``evaluate_drafter`` runs with the ``eval`` settings of config.yaml
 time is printed. Run it with two checkouts' PYTHONPATH to compare their evaluation jobs on the same inputs:
 
     PYTHONPATH=. python benchmarks/bench_eval_job.py --threads 2 [--decoded 2]
+    PYTHONPATH=. python benchmarks/bench_eval_job.py --threads 1 --decoded 0 --drafter <run>/results/drafters/<target>/<variant>/epoch-6
 """
 
 from __future__ import annotations
@@ -38,6 +39,8 @@ def main() -> None:
     parser.add_argument("--benchmarks", nargs="+", default=None, help="default: config.yaml's")
     parser.add_argument("--prompts", type=int, default=None, help="prompts per benchmark (default: config.yaml's)")
     parser.add_argument("--cache-dir", default="/tmp/dpace-bench-eval-job")
+    parser.add_argument("--drafter", type=Path, help="a trained checkpoint (a run's drafters/<target>/<variant>/epoch-N)"
+                        " instead of the random one")
     parser.add_argument("--mirror", default=str(REPO.parent / "shared" / "data"))
     args = parser.parse_args()
     torch.set_num_threads(args.threads)
@@ -53,7 +56,7 @@ def main() -> None:
         if not files[name].exists():
             atomic_write_jsonl(files[name], benchmark_prompts(name, prompts, config["seed"], mirror=args.mirror))
     train, section = config["train"], config["eval"]
-    drafter_dir = cache / "drafter"
+    drafter_dir = args.drafter or cache / "drafter"
     if not drafter_dir.exists():
         target, _ = load_target(target_json)
         layer_ids = default_target_layer_ids(target.config.num_hidden_layers, config["features"]["num_target_features"])

@@ -119,10 +119,9 @@ def _variant(config: dict, request: Request) -> Variant:
     )
 
 
-def _seed_replicates(config: dict, variant: Variant) -> list[Variant]:
-    """``variant`` at each of train.seeds consecutive training seeds, its own first. A seed equal to the
-    top-level seed is named without a suffix, as a drafter trained with it always is."""
-    seeds = int(config["train"]["seeds"])
+def _seed_replicates(config: dict, variant: Variant, seeds: int) -> list[Variant]:
+    """``variant`` at ``seeds`` consecutive training seeds, its own first. A seed equal to the top-level seed
+    is named without a suffix, as a drafter trained with it always is."""
     if seeds == 1:
         return [variant]
     first = variant.seed(config["seed"])
@@ -143,8 +142,9 @@ def experiments(config: dict) -> dict[str, Experiment]:
         except ValueError as error:
             raise ConfigError(str(error)) from None
         variants = [_variant(config, request) for request in requests]
-        # train.seeds: every drafter at each seed, its seeds side by side
-        out[name] = Experiment(name, [seeded for v in variants for seeded in _seed_replicates(config, v)],
+        # train.seeds (or the experiment's own seeds): every drafter at each seed, its seeds side by side
+        seeds = int(config["experiments"][name].get("seeds", config["train"]["seeds"]))
+        out[name] = Experiment(name, [seeded for v in variants for seeded in _seed_replicates(config, v, seeds)],
                                every_epoch=spec.every_epoch is not None, eval_epoch=eval_epoch)
     return out
 

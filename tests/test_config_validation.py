@@ -159,6 +159,24 @@ def test_training_seeds_add_drafters_named_by_their_seed_and_keep_the_first_seed
         validate_config(_set(SMOKE, "train.seeds", 0))
 
 
+def test_an_experiment_can_keep_fewer_seeds_than_the_run():
+    """experiments.<name>.seeds: the beyond-the-paper experiments at their first seed while the paper's train at
+    three; a drafter they share with Table 1 is Table 1's first seed (the same id, trained once)."""
+    config = _set(_set(_set(SMOKE, "train.seeds", 3), "experiments.extras.seeds", 1), "experiments.normalization.seeds", 1)
+    validate_config(config)
+    found, plain = experiments(config), experiments(SMOKE)
+    for name in ("extras", "normalization"):
+        assert [v.id for v in found[name].variants] == [v.id for v in plain[name].variants]
+    assert len(found["main"].variants) == 3 * len(plain["main"].variants)
+    assert found["extras"].variants[0] in found["main"].variants  # DFlash, seed 0
+    trained = all_variants(config)
+    assert len(trained) == len(all_variants(_set(SMOKE, "train.seeds", 3))) - 2 * 3  # dpakl, pard2-cat, n-token
+    # An experiment may also ask for more seeds than the run.
+    assert len(experiments(_set(config, "experiments.extras.seeds", 2))["extras"].variants) == 8
+    with pytest.raises(ConfigError, match=r"seeds: 0 is less than the minimum of 1"):
+        validate_config(_set(config, "experiments.extras.seeds", 0))
+
+
 def test_a_training_mixture_needs_a_count_per_set():
     mixed = _set(_set(SMOKE, "data.train_set", ["sharegpt", "codealpaca"]), "data.train_prompts", {"sharegpt": 4, "codealpaca": 2})
     validate_config(mixed)

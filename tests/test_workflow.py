@@ -249,6 +249,36 @@ def test_a_training_seed_trains_the_drafters_again_on_the_same_answers(smoke_run
     assert planned_jobs(snakemake(workdir, write_config(workdir, **{"train.seed": SMOKE["seed"]}), "-n", "all")) == {}
 
 
+def test_a_later_training_seed_replays_without_the_exactness_checks_decodes(smoke_run):
+    """eval.decoded_seeds first (the default): a drafter's first seed decodes a prompt per benchmark for the
+    replay's exactness check, its later seeds replay only; every: each seed decodes. The first seed's
+    evaluation is not planned again by train.seeds (its settings did not change)."""
+    from dpace.config import experiments
+
+    workdir, _ = smoke_run
+    first = experiments(SMOKE)["main"].variants[0]
+    epoch = SMOKE["train"]["epochs"]
+
+    def evaluation(variant: str) -> str:
+        return f"results/eval/{first.target}/{variant}/epoch-{epoch}/full/summary.json"
+
+    def compared(variant: str) -> int:
+        rows = json.loads((workdir / evaluation(variant)).read_text())
+        return sum((row.get("replay_check") or {}).get("requests_compared", 0) for row in rows)
+
+    seeds = write_config(workdir, **{"train.seeds": 2})
+    assert planned_jobs(snakemake(workdir, seeds, "-n", evaluation(first.id))) == {}
+    later = evaluation(f"{first.id}-s1")
+    result = snakemake(workdir, seeds, later)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert compared(first.id) > 0 and compared(f"{first.id}-s1") == 0
+    every = write_config(workdir, **{"train.seeds": 2, "eval.decoded_seeds": "every"})
+    assert planned_jobs(snakemake(workdir, every, "-n", later)).get("evaluate") == 1
+    result = snakemake(workdir, every, later)
+    assert result.returncode == 0, result.stderr[-4000:]
+    assert compared(f"{first.id}-s1") == compared(first.id)
+
+
 def test_smoke_scorecard_lists_every_claim(smoke_run):
     """`all` builds results/findings.md: every measurable claim of workflow/claims.yaml has a row and one
     verdict, every other claim is listed as not measurable here."""

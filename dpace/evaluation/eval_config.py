@@ -47,6 +47,7 @@ class EvalConfig:
     greedy_tie_margin: float
     tau: str
     decoded_prompts_per_benchmark: int
+    decoded_seeds: str  # the workflow resolves it into decoded_prompts_per_benchmark per drafter (0: a later seed)
     shared_features: bool
     baseline: str
 

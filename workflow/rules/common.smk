@@ -280,6 +280,15 @@ def replay_covered(wildcards):
             and config["eval"]["verification"] == "hard-match")
 
 
+def decoded_prompts(wildcards):
+    """The replay's exactness check (eval.decoded_prompts_per_benchmark) on a drafter's first training seed, or
+    on every seed (eval.decoded_seeds)."""
+    later_seed = variant(wildcards).id != variant(wildcards).method_id
+    if later_seed and config["eval"]["decoded_seeds"] == "first":
+        return 0
+    return config["eval"]["decoded_prompts_per_benchmark"]
+
+
 def reference_answers(wildcards):
     if replay_covered(wildcards):
         return {

@@ -73,6 +73,7 @@ rule evaluate:
             "backend": eval_backend(wildcards),
             "seed": config["seed"],
             "tau": "replay" if replay_covered(wildcards) else "decode",
+            "decoded_prompts_per_benchmark": decoded_prompts(wildcards),
         },
         records=f"{SCRATCH}/eval/{{target}}/{{variant}}/epoch-{{epoch}}-{{suite}}.records.jsonl",
         code=script_fingerprint("evaluate.py"),
