@@ -56,6 +56,8 @@ def main() -> None:
         if not files[name].exists():
             atomic_write_jsonl(files[name], benchmark_prompts(name, prompts, config["seed"], mirror=args.mirror))
     train, section = config["train"], config["eval"]
+    if args.drafter and not (args.drafter / "config.json").exists():
+        parser.error(f"--drafter {args.drafter}: no checkpoint there (config.json)")
     drafter_dir = args.drafter or cache / "drafter"
     if not drafter_dir.exists():
         target, _ = load_target(target_json)

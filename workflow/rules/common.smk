@@ -283,8 +283,8 @@ def replay_covered(wildcards):
 def decoded_prompts(wildcards):
     """The replay's exactness check (eval.decoded_prompts_per_benchmark) on a drafter's first training seed, or
     on every seed (eval.decoded_seeds)."""
-    later_seed = variant(wildcards).id != variant(wildcards).method_id
-    if later_seed and config["eval"]["decoded_seeds"] == "first":
+    drafter = variant(wildcards)
+    if drafter.id != drafter.method_id and config["eval"]["decoded_seeds"] == "first":
         return 0
     return config["eval"]["decoded_prompts_per_benchmark"]
 
