@@ -43,6 +43,8 @@ def main() -> None:
                         " instead of the random one")
     parser.add_argument("--mirror", default=str(REPO.parent / "shared" / "data"))
     args = parser.parse_args()
+    if args.drafter and not (args.drafter / "config.json").exists():
+        parser.error(f"--drafter {args.drafter}: no checkpoint there (config.json)")
     torch.set_num_threads(args.threads)
     config = yaml.safe_load((REPO / "config.yaml").read_text())
     cache = Path(args.cache_dir)
@@ -56,8 +58,6 @@ def main() -> None:
         if not files[name].exists():
             atomic_write_jsonl(files[name], benchmark_prompts(name, prompts, config["seed"], mirror=args.mirror))
     train, section = config["train"], config["eval"]
-    if args.drafter and not (args.drafter / "config.json").exists():
-        parser.error(f"--drafter {args.drafter}: no checkpoint there (config.json)")
     drafter_dir = args.drafter or cache / "drafter"
     if not drafter_dir.exists():
         target, _ = load_target(target_json)
