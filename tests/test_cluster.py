@@ -325,10 +325,11 @@ def test_smoke_all_through_slurm_equals_a_local_run_after_a_killed_snakemake(smo
     main = [(d / TABLE).read_text() for d in (local_dir, cluster_dir)]
     assert tau_cells(main[0]) and tau_cells(main[0]) == tau_cells(main[1])
 
-# A drafter that trains long enough (minutes on 2 cores) to be cancelled and to outlive a 1-minute limit,
+# A drafter that trains long enough (200 steps, tens of seconds on 2 cores) to be cancelled after its first
+# saved state, and its resubmission frozen after its own (the freeze, not the length, outlives the limit),
 # from the smoke data (the runs above made its target, answers and features); threads from the stage
 # table (job_threads unset: the fallback a cluster executor needs, which leaves Snakemake's cores unset).
-FAULT_EPOCHS = 240
+FAULT_EPOCHS = 100
 FAULT = {"job_threads": None, "train.epochs": FAULT_EPOCHS, "train.num_anchors": 64, "train.save_every_steps": 4}
 FAULT_DRAFTER = f"dpace-alpha0.5-d1-b4-e{FAULT_EPOCHS}"
 
@@ -375,7 +376,7 @@ def wait_for(condition, what: str, run: subprocess.Popen, log: Path, timeout: fl
     raise AssertionError(f"timed out waiting for {what}")
 
 
-@pytest.mark.slow  # a SLURM run and a local run of one long training (several minutes)
+@pytest.mark.slow  # a SLURM run and a local run of one training (minutes: a frozen job waits out its limit)
 def test_a_cancelled_and_a_timed_out_training_job_resume_to_the_same_drafter(slurm, smoke_all_runs, tmp_path):
     """scancel of the running training job, then its resubmission hitting a 1-minute runtime limit: each
     time Snakemake resubmits it (README's command, the profile's retries raised to 2 for the two faults)
